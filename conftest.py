@@ -1,0 +1,76 @@
+"""Project-wide pytest setup: markers, GPU gating, golden and checkpoint options,
+hypothesis profiles."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", derandomize=True, max_examples=20, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile(
+    "nightly", max_examples=2000, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=50, deadline=None, print_blob=True)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("hyv4")
+    group.addoption("--update-goldens", action="store_true",
+                    help="rewrite goldens/ from this run (fails the run so the diff is reviewed; refused when CI=true)")
+    group.addoption("--hyv4-checkpoint", metavar="PATH", default=None,
+                    help="a real HY V4 checkpoint directory for the real_checkpoint tests")
+    group.addoption("--hypothesis-profile-name", metavar="NAME", default=None,
+                    help="hypothesis profile: ci (default) or nightly; env HYV4_HYPOTHESIS_PROFILE works too")
+
+
+def pytest_configure(config):
+    if config.getoption("--update-goldens") and os.environ.get("CI", "").lower() == "true":
+        raise pytest.UsageError("--update-goldens is refused when CI=true: goldens are regenerated on purpose, by a person")
+    profile = (config.getoption("--hypothesis-profile-name")
+               or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
+    settings.load_profile(profile)
+
+
+def _gpu_skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device (GPU tests run with -m gpu on an H100/H200)"
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means no production path
+        return f"vLLM does not import here: {exc.__class__.__name__}: {exc}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_reason = None
+    checked = False
+    for item in items:
+        if item.get_closest_marker("gpu") or item.get_closest_marker("multigpu"):
+            if not checked:
+                gpu_reason, checked = _gpu_skip_reason(), True
+            if gpu_reason:
+                item.add_marker(pytest.mark.skip(reason=gpu_reason))
+            elif item.get_closest_marker("multigpu"):
+                import torch
+                if torch.cuda.device_count() < 2:
+                    item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, found {torch.cuda.device_count()}"))
+        if item.get_closest_marker("real_checkpoint") and not config.getoption("--hyv4-checkpoint"):
+            item.add_marker(pytest.mark.skip(reason="needs --hyv4-checkpoint PATH"))
+
+
+@pytest.fixture(scope="session")
+def update_goldens(request) -> bool:
+    return bool(request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture(scope="session")
+def hyv4_checkpoint(request) -> str | None:
+    return request.config.getoption("--hyv4-checkpoint")

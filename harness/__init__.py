@@ -1,0 +1,1 @@
+"""Everything that touches the outside world: presets, checkpoints, vLLM, goldens, CLI."""

@@ -1,0 +1,81 @@
+"""HY V4's MLP: sigmoid-routed MoE with clamped SwiGLU, or a dense SwiGLU.
+
+Router (float32 in production): l = W_router x, s = sigmoid(l).
+Choice uses s + b (e_score_correction_bias); weights use s alone:
+  ids = top_k(s + b)         (grouped top-k with one group == plain top-k)
+  w_i = s_ids_i / sum_j s_ids_j   (when norm_topk_prob), then w_i *= routed_scaling_factor
+Routed expert e (SwiGLU, clamped only here when swiglu_limit > 0, L = limit):
+  E_e(x) = W_down_e (silu(min(W_gate_e x, L)) * clamp(W_up_e x, -L, L))
+Shared experts: plain SwiGLU, never clamped.  out = sum_i w_i E_ids_i(x) + shared(x).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import MTPConfig
+from .numerics import Numerics
+
+
+def route(cfg: MTPConfig, lw: dict, x: torch.Tensor, num: Numerics) -> dict[str, torch.Tensor]:
+    """router_logits [T, E], topk_ids [T, k], topk_weights [T, k] (fp32 / float64)."""
+    logits = num.up(x).to(num.fp32) @ lw["mlp.gate"].to(num.fp32).T
+    scores = torch.sigmoid(logits)
+    choice = scores + lw["mlp.expert_bias"].to(num.fp32)
+    ids = torch.topk(choice, cfg.num_experts_per_tok, dim=-1, sorted=True).indices
+    w = torch.gather(scores, 1, ids)
+    if cfg.norm_topk_prob:
+        w = w / w.sum(-1, keepdim=True)
+    w = w * cfg.routed_scaling_factor
+    return {"router_logits": logits, "topk_ids": ids, "topk_weights": w}
+
+
+def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """silu(g) * u, with g <- min(g, L) and u <- clamp(u, -L, L) when limit is set."""
+    if limit is not None:
+        g = g.clamp(max=limit)
+        u = u.clamp(-limit, limit)
+    return torch.nn.functional.silu(g) * u
+
+
+def ffn(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+        limit: float | None, num: Numerics) -> torch.Tensor:
+    """W_down swiglu(W_gate x, W_up x): x [T, H] -> [T, H]."""
+    g = num.linear(x, w_gate)
+    u = num.linear(x, w_up)
+    a = num.store(swiglu(num.up(g), num.up(u), limit))
+    return num.linear(a, w_down)
+
+
+def clamp_limit(cfg: MTPConfig) -> float | None:
+    return float(cfg.swiglu_limit) if cfg.swiglu_limit and cfg.swiglu_limit > 0 else None
+
+
+def routed(cfg: MTPConfig, lw: dict, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
+           num: Numerics, experts: range | None = None) -> torch.Tensor:
+    """sum_i w_i E_ids_i(x) over the local ``experts`` (all by default): [T, H].
+
+    ``lw`` may hold an intermediate-size shard of every expert (TP) or only
+    the experts in ``experts`` at their global ids (EP).
+    """
+    t, h = x.shape
+    acc = torch.zeros(t, h, dtype=num.fp32)
+    limit = clamp_limit(cfg)
+    wanted = range(cfg.n_routed_experts) if experts is None else experts
+    for e in torch.unique(ids).tolist():
+        if e not in wanted:
+            continue
+        rows, slot = torch.nonzero(ids == e, as_tuple=True)
+        y = ffn(x[rows], lw["mlp.experts.gate_proj"][e], lw["mlp.experts.up_proj"][e],
+                lw["mlp.experts.down_proj"][e], limit, num)
+        acc.index_add_(0, rows, num.up(y).to(num.fp32) * w[rows, slot, None].to(num.fp32))
+    return num.store(acc)
+
+
+def shared(cfg: MTPConfig, lw: dict, x: torch.Tensor, num: Numerics) -> torch.Tensor:
+    return ffn(x, lw["mlp.shared_experts.gate_proj"], lw["mlp.shared_experts.up_proj"],
+               lw["mlp.shared_experts.down_proj"], None, num)
+
+
+def dense(cfg: MTPConfig, lw: dict, x: torch.Tensor, num: Numerics) -> torch.Tensor:
+    return ffn(x, lw["mlp.gate_proj"], lw["mlp.up_proj"], lw["mlp.down_proj"], None, num)

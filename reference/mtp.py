@@ -1,0 +1,224 @@
+"""One MTP draft step and the multi-step proposer loop, as vLLM runs them.
+
+One step over T tokens (ids, positions, previous hidden states h_prev):
+  e   = embed(ids), zeroed where position == 0            (embed, embed_masked)
+  x0  = eh_proj [enorm(e) ; hnorm(h_prev)]                 (order: embedding first)
+  a   = MLA(input_layernorm(x0)) ;  r1 = a + x0             (attn.*, attn.residual)
+  m   = MLP(post_attention_layernorm(r1))                   (moe.* / mlp.out)
+  y   = RMSNorm(m + r1)   (final_layernorm, fused add)      (final_norm)
+  logits = lm_head y  (float32 head) on each request's last token; greedy token.
+The block has no iHC (vLLM builds MTP blocks with enable_ihc=False).
+
+The loop (K steps, R requests): step 0 runs over every request's new tokens
+(the target's hidden states and the next-token ids) on MTP layer 0; step
+k >= 1 runs one token per request: the previous step's greedy token at
+position last + k, fed with the previous step's output y (the normed hidden
+state), on MTP layer k mod num_mtp_layers. With index_share_for_mtp_iteration
+the indexer runs only at step 0; its rows for each request's last token are
+compacted to the front of the top-k buffer and steps >= 1 reuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+import torch
+
+from . import attention, indexer, moe
+from .cache import DraftCache
+from .config import MTPConfig
+from .norms import rms_norm
+from .numerics import EXACT, Numerics
+from .tp import Shard, shard_all
+
+Trace = "OrderedDict[str, torch.Tensor]"
+
+
+@dataclasses.dataclass
+class StepInput:
+    """A flat batch of tokens from several requests (request-major order)."""
+
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    hidden: torch.Tensor  # [T, H] previous hidden states
+    request: torch.Tensor  # [T] long, request index of each token
+
+    def last_rows(self) -> torch.Tensor:
+        """Row of each request's last token, in request order: [R]."""
+        rows = []
+        for r in torch.unique(self.request).tolist():
+            rows.append(int(torch.nonzero(self.request == r).max()))
+        return torch.tensor(rows, dtype=torch.long)
+
+
+def layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    """The canonical weights of MTP layer ``layer`` without their prefix, plus shared ones."""
+    prefix = f"layers.{layer}."
+    lw = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    lw["embed_tokens"] = weights["embed_tokens"]
+    lw["lm_head"] = weights["lm_head"]
+    return lw
+
+
+def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: DraftCache,
+                 layer: int, num: Numerics = EXACT, *, run_indexer: bool = True,
+                 topk_rows: torch.Tensor | None = None) -> "OrderedDict[str, torch.Tensor]":
+    """One MTP layer forward over ``inp``; returns the trace of every component.
+
+    ``shards``: the layer's weights per TP rank (one shard = unsharded).
+    ``topk_rows``: [T, index_topk] key positions to attend (-1 = none), used
+    when ``run_indexer`` is False (index sharing); written into the trace as
+    ``attn.topk``. Writes this step's KV into ``cache`` before attending.
+    """
+    lw = shards[0].weights  # replicated parts are identical on every rank
+    tr: OrderedDict[str, torch.Tensor] = OrderedDict()
+    ids, pos, req = inp.input_ids, inp.positions, inp.request
+    t = ids.numel()
+
+    emb = num.store(lw["embed_tokens"][ids])
+    tr["embed"] = emb
+    emb = torch.where((pos == 0)[:, None], torch.zeros_like(emb), emb)
+    tr["embed_masked"] = emb
+    tr["enorm"] = e = rms_norm(emb, lw["enorm"], cfg.rms_norm_eps, num)
+    tr["hnorm"] = h = rms_norm(num.store(inp.hidden), lw["hnorm"], cfg.rms_norm_eps, num)
+    tr["eh_proj"] = x0 = num.linear(torch.cat([e, h], dim=-1), lw["eh_proj"])
+
+    x = rms_norm(x0, lw["input_layernorm"], cfg.rms_norm_eps, num)
+    lat = attention.latents(cfg, lw, x, pos, num)
+    tr["attn.q_c"], tr["attn.kv_c"], tr["attn.k_pe"] = lat["q_c"], lat["kv_c"], lat["k_pe"]
+    for i in range(t):
+        cache.write(layer, int(req[i]), int(pos[i]), kv_c=lat["kv_c"][i], k_pe=lat["k_pe"][i])
+
+    # ---- which keys each query attends ------------------------------------
+    if cfg.attention_sparse and run_indexer:
+        idx = indexer.project(cfg, lw, x, lat["q_c"], pos, num)
+        tr["indexer.q_fp8"], tr["indexer.q_scale"] = idx["q_fp8"], idx["q_scale"]
+        tr["indexer.k"], tr["indexer.weights"] = idx["k"], idx["weights"]
+        deq_k = idx["k_fp8"] * idx["k_scale"].repeat_interleave(indexer.QUANT_GROUP, -1)
+        for i in range(t):
+            cache.write(layer, int(req[i]), int(pos[i]), index_k=deq_k[i])
+        span = int(pos.max()) + 1
+        score_rows = torch.full((t, span), float("-inf"), dtype=torch.float64)
+        rows = torch.empty((t, cfg.index_topk), dtype=torch.long)
+        for i in range(t):
+            visible = torch.arange(int(pos[i]) + 1)
+            keys = cache.read(layer, int(req[i]), visible, "index_k")
+            s = indexer.scores(idx["q_fp8"][i], idx["weights"][i], keys)
+            score_rows[i, : s.numel()] = s
+            rows[i] = indexer.select_topk(s, cfg.index_topk)
+        tr["indexer.scores"], tr["indexer.topk"] = score_rows, rows
+    elif cfg.attention_sparse:
+        if topk_rows is None or topk_rows.shape != (t, cfg.index_topk):
+            raise ValueError("index sharing needs topk_rows of shape [T, index_topk]")
+        rows = topk_rows
+    else:
+        rows = None  # dense causal attention
+    if rows is not None:
+        tr["attn.topk"] = rows
+
+    # ---- per-rank attention, summed (the o_proj all-reduce) ----------------
+    q_parts, core_parts, gate_parts, out = [], [], [], None
+    for sh in shards:
+        c, w = sh.cfg, sh.weights
+        q = attention.queries(c, w, lat["q_c"], pos, num)
+        sink = w.get("attn.sink") if cfg.learnable_sink else None
+        core = torch.empty((t, c.num_attention_heads * c.v_head_dim), dtype=num.act)
+        for i in range(t):
+            keys = (torch.arange(int(pos[i]) + 1) if rows is None else rows[i][rows[i] >= 0])
+            kv_c = cache.read(layer, int(req[i]), keys, "kv_c")
+            k_pe = cache.read(layer, int(req[i]), keys, "k_pe")
+            core[i] = attention.attend(c, w, q[i], kv_c, k_pe, sink, num)
+        gated = core
+        if cfg.gated_mla:
+            g = attention.gate(c, w, x, num)
+            gate_parts.append(g)
+            gated = attention.apply_gate(c, core, g, num)
+        part = num.up(num.linear(gated, w["attn.o_proj"]))
+        out = part if out is None else out + part
+        q_parts.append(q)
+        core_parts.append(core)
+    tr["attn.q"] = torch.cat(q_parts, dim=1)
+    tr["attn.core"] = torch.cat(core_parts, dim=1)
+    if gate_parts:
+        tr["attn.gate"] = torch.cat(gate_parts, dim=1)
+    tr["attn.out"] = a = num.store(out)
+    tr["attn.residual"] = r1 = num.store(num.up(a) + num.up(x0))
+
+    # ---- MLP ---------------------------------------------------------------
+    m_in = rms_norm(r1, lw["post_attention_layernorm"], cfg.rms_norm_eps, num)
+    if cfg.mlp_moe:
+        rt = moe.route(cfg, lw, m_in, num)
+        tr["moe.router_logits"], tr["moe.topk_ids"], tr["moe.topk_weights"] = (
+            rt["router_logits"], rt["topk_ids"], rt["topk_weights"])
+        routed = sum(num.up(moe.routed(sh.cfg, sh.weights, m_in, rt["topk_ids"], rt["topk_weights"],
+                                       num, sh.experts)) for sh in shards)
+        tr["moe.routed"] = num.store(routed)
+        if cfg.n_shared_experts > 0:
+            shared = sum(num.up(moe.shared(sh.cfg, sh.weights, m_in, num)) for sh in shards)
+            tr["moe.shared"] = num.store(shared)
+            mlp_out = routed + shared
+        else:
+            mlp_out = routed
+    else:
+        mlp_out = sum(num.up(moe.dense(sh.cfg, sh.weights, m_in, num)) for sh in shards)
+    tr["mlp.out"] = m = num.store(mlp_out)
+
+    tr["final_norm"] = y = rms_norm(num.up(m) + num.up(r1), lw["final_layernorm"], cfg.rms_norm_eps, num)
+    last = inp.last_rows()
+    head_dtype = num.fp32 if cfg.lm_head_fp32 else num.act
+    tr["logits"] = logits = num.linear(y[last], lw["lm_head"], out=head_dtype)
+    tr["draft_token"] = torch.argmax(logits, dim=-1)
+    return tr
+
+
+@dataclasses.dataclass
+class DraftResult:
+    traces: list  # one OrderedDict per step
+    tokens: torch.Tensor  # [R, K] greedy draft tokens
+    inputs: list  # StepInput per step
+
+
+def compact_topk(rows: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+    """``compact_topk_indices``: buffer[:n] = buffer[slot_ids] (a gather of rows)."""
+    out = rows.clone()
+    out[: slot_ids.numel()] = rows[slot_ids]
+    return out
+
+
+def draft(cfg: MTPConfig, weights: dict[str, torch.Tensor], first: StepInput, steps: int,
+          num: Numerics = EXACT, *, tp: int = 1, moe_mode: str = "tp",
+          cache: DraftCache | None = None) -> DraftResult:
+    """Run ``steps`` draft steps as vLLM's MTP proposer does (see module doc).
+
+    ``first``: step 0's batch (every request's new tokens, request-major).
+    """
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    cache = cache or DraftCache()
+    shards_by_layer = {
+        j: shard_all(cfg, layer_weights(weights, j), tp, moe_mode) for j in range(cfg.num_mtp_layers)
+    }
+    traces, inputs, tokens = [], [], []
+    inp = first
+    shared_rows: torch.Tensor | None = None
+    for k in range(steps):
+        layer = k % cfg.num_mtp_layers  # spec_step_idx cycling
+        share = cfg.attention_sparse and cfg.index_share_for_mtp_iteration and k >= 1
+        tr = forward_step(cfg, shards_by_layer[layer], inp, cache, layer, num,
+                          run_indexer=not share,
+                          topk_rows=shared_rows[: inp.input_ids.numel()] if share else None)
+        traces.append(tr)
+        inputs.append(inp)
+        tok = tr["draft_token"]
+        tokens.append(tok)
+        last = inp.last_rows()
+        if k == 0 and cfg.attention_sparse and cfg.index_share_for_mtp_iteration:
+            shared_rows = compact_topk(tr["indexer.topk"], last)
+        inp = StepInput(
+            input_ids=tok.clone(),
+            positions=inp.positions[last] + 1,
+            hidden=tr["final_norm"][last],
+            request=inp.request[last],
+        )
+    return DraftResult(traces, torch.stack(tokens, dim=1), inputs)
