@@ -25,7 +25,7 @@ def flatten(result: DraftResult) -> dict:
         out[f"step{k}.positions"] = inp.positions
         out[f"step{k}.hidden_in"] = inp.hidden
         for name, value in tr.items():
-            out[f"step{k}.{name}"] = value
+            out[f"step{k}.{name}"] = value.clone()
     return out
 
 

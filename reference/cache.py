@@ -28,14 +28,12 @@ class DraftCache:
         cap = slot["written"].numel()
         if position >= cap:
             grow = max(position + 1, 2 * cap) - cap
-            slot["written"] = torch.cat([slot["written"], torch.zeros(grow, dtype=torch.bool)])
-            for name, value in entries.items():
-                old = slot.get(name)
-                pad = torch.zeros((grow, *value.shape), dtype=value.dtype)
-                slot[name] = pad if old is None else torch.cat([old, pad])
+            for name, old in list(slot.items()):
+                slot[name] = torch.cat([old, old.new_zeros((grow, *old.shape[1:]))])
+            cap += grow
         for name, value in entries.items():
             if name not in slot:
-                slot[name] = torch.zeros((slot["written"].numel(), *value.shape), dtype=value.dtype)
+                slot[name] = torch.zeros((cap, *value.shape), dtype=value.dtype)
             slot[name][position] = value
         slot["written"][position] = True
 

@@ -7,8 +7,8 @@ Per query token t (hidden x_t [H], MLA query latent q_c [Lq], position p):
                                         vLLM hard-codes 1e-6)
   q_pe, k_pe = the LAST rope_dim entries of q (per head) and k, rotated with
         interleaved RoPE at p; the first D - rope_dim entries are unrotated
-  q -> per-token-group FP8 (group 128, UE8M0 scale s_q per head)
-  k -> the same quantization when written to the indexer cache (s_k)
+  q -> per-token-group FP8 (group 128, s_q = 2^ceil(log2(max(amax, 1e-10)/448)))
+  k -> the same when written to the indexer cache, with amax clamped at 1e-4
   w' = w * s_q * D^-0.5 * ih^-0.5
   score(t, j) = sum_h w'_h * relu(q8_h . k8_j * s_k_j)    for keys j <= p
               = sum_h w_h D^-0.5 ih^-0.5 relu(deq(q)_h . deq(k)_j)  (s_q > 0)
@@ -48,7 +48,8 @@ def project(cfg: MTPConfig, lw: dict, x: torch.Tensor, q_c: torch.Tensor,
     q = torch.cat([q[..., : d - dr], num.store(q_pe)], dim=-1)
     k = torch.cat([k[:, : d - dr], num.store(k_pe)], dim=-1)
     q8, q_scale = fp8.quantize_token_groups(q.reshape(t * ih, d), QUANT_GROUP, ue8m0=True)
-    k8, k_scale = fp8.quantize_token_groups(k, QUANT_GROUP, ue8m0=True)
+    # The cache-insert kernel clamps amax at 1e-4 (the q quantizer at 1e-10).
+    k8, k_scale = fp8.quantize_token_groups(k, QUANT_GROUP, ue8m0=True, eps=1e-4)
     q_scale_head = q_scale.reshape(t, ih, d // QUANT_GROUP)
     if d // QUANT_GROUP != 1:
         # vLLM folds one q scale per head into the weights: only valid for D == 128.

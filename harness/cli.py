@@ -1,0 +1,170 @@
+"""``python -m harness <command>``: reference traces, synthetic checkpoints, comparisons.
+
+Exit codes follow git bisect: 0 good, 1 numeric mismatch, 125 cannot judge
+(no GPU, vLLM or kernel missing), 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_CANNOT_JUDGE = 0, 1, 2, 125
+
+
+class CLIError(Exception):
+    """An input problem reported as one line, exit 2."""
+
+
+def _load_case_inputs(args):
+    """(hf_config, cfg, weights) from CKPT_DIR, a preset, or a named case."""
+    from reference import MTPConfig, random_weights
+
+    from .presets import preset
+
+    if args.ckpt and args.ckpt not in ("-",) and not args.ckpt.startswith("preset:"):
+        try:
+            from .checkpoint.loader import load_checkpoint
+        except ImportError as exc:  # the loader lands with the checkpoint issue
+            raise CLIError(f"checkpoint loading is not available: {exc}") from exc
+        loaded = load_checkpoint(args.ckpt)
+        return loaded.hf_config, loaded.cfg, loaded.weights
+    name = args.ckpt.split(":", 1)[1] if args.ckpt and args.ckpt.startswith("preset:") else "tiny"
+    try:
+        hf = preset(name)
+    except KeyError as exc:
+        raise CLIError(str(exc.args[0])) from exc
+    cfg = MTPConfig.from_hf_dict(hf)
+    return hf, cfg, random_weights(cfg, args.seed)
+
+
+def cmd_reference(args) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from reference import draft, flatten, make_case, numerics_by_name
+
+    if args.device == "cuda":
+        # The reference's per-token loops are CPU code; CUDA would not make it exact-er.
+        raise CLIError("--device cuda: this version of the reference runs on CPU only")
+    if args.steps < 1 or args.requests < 1 or args.tokens < 1:
+        raise CLIError("--steps, --requests and --tokens must be >= 1")
+    num = numerics_by_name(args.dtype)
+    hf, cfg, weights = _load_case_inputs(args)
+    first = make_case(cfg, args.seed, args.requests, args.tokens)
+    t0 = time.perf_counter()
+    result = draft(cfg, weights, first, args.steps, num, tp=args.tp)
+    dt = time.perf_counter() - t0
+    flat = {k: v.contiguous() for k, v in flatten(result).items()}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    save_file(flat, str(tmp), metadata={"config": json.dumps(hf, sort_keys=True), "seed": str(args.seed),
+                                        "dtype": args.dtype, "steps": str(args.steps)})
+    tmp.replace(out)
+    toks = result.tokens.tolist()
+    print(f"reference: {len(flat)} tensors, {args.steps} step(s) x {args.requests} request(s), "
+          f"{first.input_ids.numel()} step-0 tokens, dtype {args.dtype}, {dt:.2f}s, draft tokens {toks} -> {out}")
+    return EXIT_OK
+
+
+def cmd_synth(args) -> int:
+    from .checkpoint.synth import synth_command
+
+    return synth_command(args)
+
+
+def cmd_compare(args) -> int:
+    """Side by side on the GPU; 125 where production cannot run."""
+    from . import runtime
+
+    reason = runtime.cannot_run_production_reason()
+    if reason:
+        print(f"cannot judge: {reason}")
+        return EXIT_CANNOT_JUDGE
+    from .production.compare_cli import compare_command  # lands with the GPU runner
+
+    return compare_command(args)
+
+
+def cmd_main_job(args) -> int:
+    """The README's main job: side by side on the built-in synthetic case where a
+    GPU is present; else the reference checked against its goldens."""
+    from . import runtime
+
+    reason = runtime.cannot_run_production_reason()
+    if reason is None:
+        return cmd_compare(args)
+    print(f"no production path here ({reason}): checking the reference against its goldens")
+    from .golden_check import check_reference_goldens
+
+    return check_reference_goldens(verbose=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("reference", help="write the reference trace of a seeded case")
+    r.add_argument("ckpt", metavar="CKPT_DIR", help="checkpoint directory, or preset:NAME for in-memory seeded weights")
+    r.add_argument("--out", required=True, help="trace .safetensors (keys step{k}.{component})")
+    r.add_argument("--steps", type=int, default=2)
+    r.add_argument("--requests", type=int, default=2)
+    r.add_argument("--tokens", type=int, default=8)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--tp", type=int, default=1, help="simulated tensor parallelism")
+    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--dtype", choices=("float64", "production"), default="float64")
+    r.set_defaults(func=cmd_reference)
+
+    try:
+        from .checkpoint.synth import add_synth_arguments
+    except ImportError:
+        add_synth_arguments = None
+    if add_synth_arguments is not None:
+        s = sub.add_parser("synth", help="write a synthetic HY V4 checkpoint")
+        add_synth_arguments(s)
+        s.set_defaults(func=cmd_synth)
+
+    c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/125)")
+    c.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny")
+    c.add_argument("--steps", type=int, default=2)
+    c.add_argument("--tp", type=int, default=1)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--report", default=None, help="write the JSON report here")
+    c.set_defaults(func=cmd_compare)
+
+    m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens")
+    m.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny")
+    m.add_argument("--steps", type=int, default=2)
+    m.add_argument("--tp", type=int, default=1)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--report", default=None)
+    m.set_defaults(func=cmd_main_job)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CLIError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - one line, no traceback soup
+        from reference import ConfigError
+
+        known = [ConfigError]
+        try:
+            from .checkpoint.errors import CheckpointError
+            known.append(CheckpointError)
+        except ImportError:
+            pass
+        if isinstance(exc, tuple(known)):
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        raise

@@ -1,0 +1,108 @@
+"""Stored goldens: safetensors per case + ``goldens/manifest.json``.
+
+Reference goldens hold the exact reference's trace of a named case; they
+catch drift of the harness itself. A missing or corrupt golden is a failure,
+never regenerated silently. ``update`` writes atomically (temp file +
+os.replace), and callers still fail the run so a person reviews the diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+ROOT = Path(__file__).resolve().parent.parent / "goldens"
+MANIFEST = "manifest.json"
+HARNESS_VERSION = "0.1.0"
+
+
+class GoldenError(RuntimeError):
+    """A golden is missing, corrupt or does not match its manifest."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _compact(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Store e4m3-valued components in 1 byte (exact); everything else as is."""
+    t = t.detach().cpu().contiguous()
+    if name.endswith("indexer.q_fp8"):
+        return t.to(torch.float8_e4m3fn)
+    return t
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_manifest(root: Path = ROOT) -> dict:
+    path = root / MANIFEST
+    if not path.exists():
+        return {"cases": {}}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise GoldenError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def write(kind: str, case_id: str, trace: dict, meta: dict, root: Path = ROOT) -> Path:
+    """Write ``trace`` as golden ``{kind}/{case_id}.safetensors`` and record it in the manifest."""
+    path = root / kind / f"{case_id}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: _compact(v, k) for k, v in trace.items()}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    manifest = read_manifest(root)
+    entry = dict(meta)
+    entry.update(file=str(path.relative_to(root)), sha256=_sha256(path),
+                 versions={"harness": HARNESS_VERSION, "torch": torch.__version__,
+                           "python": platform.python_version(), **meta.get("versions", {})})
+    manifest["cases"][f"{kind}/{case_id}"] = entry
+    _atomic_write_bytes(root / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def load(kind: str, case_id: str, root: Path = ROOT) -> tuple[dict, dict]:
+    """(tensors, manifest entry); GoldenError when missing, unlisted or corrupt."""
+    key = f"{kind}/{case_id}"
+    entry = read_manifest(root)["cases"].get(key)
+    path = root / kind / f"{case_id}.safetensors"
+    if entry is None:
+        raise GoldenError(f"no golden {key} in {root / MANIFEST}: record it with --update-goldens (on purpose)")
+    if not path.exists():
+        raise GoldenError(f"golden file {path} is missing (listed in the manifest)")
+    digest = _sha256(path)
+    if digest != entry.get("sha256"):
+        raise GoldenError(f"golden file {path} is corrupt or edited: sha256 {digest[:12]} != manifest {str(entry.get('sha256'))[:12]}")
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+        raise GoldenError(f"golden file {path} does not parse: {exc}") from exc
+    return {k: (v.to(torch.float64) if v.dtype == torch.float8_e4m3fn else v) for k, v in tensors.items()}, entry
