@@ -49,6 +49,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -75,6 +76,7 @@ def write(kind: str, case_id: str, trace: dict, meta: dict, root: Path = ROOT) -
     os.close(fd)
     try:
         save_file(tensors, tmp)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
