@@ -1,0 +1,1 @@
+"""HY V4 checkpoints: names, synthetic writer, exact loader, validation."""
