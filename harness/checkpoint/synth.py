@@ -1,0 +1,270 @@
+"""Synthetic HY V4 MTP checkpoints: ``python -m harness synth OUT_DIR ...``.
+
+One seed gives the same canonical weights (``reference.weights.random_weights``)
+in every layout: naming ``mtp_layers`` / ``layers``, experts ``split`` /
+``fused``, and quant ``bf16`` / ``fp8`` / ``fp8-ue8m0``. The FP8 variants hold
+in block FP8 exactly the modules vLLM 0.33's MTP FP8 path quantizes (see
+``harness.checkpoint.quant``); the rest stay bf16, with the fp32 exceptions
+vLLM keeps (router weight, expert bias, sink, indexer k_norm).
+
+The checkpoint holds the MTP layers, ``model.embed_tokens.weight`` and
+``lm_head.weight`` only (no backbone). It is written into ``OUT_DIR.tmp-<pid>``
+and renamed onto OUT_DIR, so a reader never sees half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from reference.config import ConfigError, MTPConfig
+from reference.weights import check_weights, is_fp32_param, random_weights
+
+from .errors import CheckpointError
+from .names import EXPERT_LAYOUTS, NAMINGS, canonical_leaf, parse_layer_name, to_checkpoint
+from .quant import (DEFAULT_BLOCK, QUANTS, SCALE_DTYPES, encode_scale, quantization_config,
+                    quantize_weight, vllm_reinterprets_uint8)
+
+EXPERT_SCALE_SUFFIXES = ("weight_scale_inv", "scale")
+PRESET_NAMES = ("tiny", "small", "real-dims")
+
+
+def synth_config(preset_name: str = "tiny", *, mtp_layers: int = 1, index_share: bool = False,
+                 dense_mlp: bool = False, headwise_gate: bool = False, no_sink: bool = False,
+                 **overrides) -> dict:
+    """A preset's HF config with the MTP switches applied (quant fields are set at write)."""
+    from harness.presets import preset
+
+    hf = preset(preset_name, **overrides)
+    hf["num_nextn_predict_layers"] = int(mtp_layers)
+    if index_share:
+        hf["index_share_for_mtp_iteration"] = True
+    if dense_mlp:
+        hf["mlp_layer_types"] = ["dense"] * hf["num_hidden_layers"]
+    if headwise_gate:
+        hf["gating_type"] = "headwise"
+    if no_sink:
+        hf["learnable_sink"] = False
+    return hf
+
+
+def _check_fp8_dims(cfg: MTPConfig) -> None:
+    """The divisibility vLLM's Fp8LinearMethod / Fp8MoEMethod check at TP=1."""
+    bn = DEFAULT_BLOCK[0]
+    dims = {"q_lora_rank (first shard of fused_qkv_a_proj)": cfg.q_lora_rank}
+    if cfg.mlp_moe:
+        dims["moe_intermediate_size (routed experts)"] = cfg.moe_intermediate_size
+        if cfg.n_shared_experts:
+            dims["moe_intermediate_size*n_shared_experts"] = cfg.moe_intermediate_size * cfg.n_shared_experts
+    else:
+        dims["intermediate_size (first shard of gate_up_proj)"] = cfg.intermediate_size
+    bad = [f"{k}={v}" for k, v in dims.items() if v % bn]
+    if bad:
+        raise ConfigError(f"FP8 {bn}x{bn} blocks need these dims to be multiples of {bn}: {', '.join(bad)}")
+
+
+def _scale_name(name: str, leaf: str, expert_scale_suffix: str) -> str:
+    """Checkpoint name of the block scale of weight ``name`` (``leaf`` is its per-layer leaf)."""
+    if leaf in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # fused
+        return name + ("_scale_inv" if expert_scale_suffix == "weight_scale_inv" else ".scale")
+    base = name.removesuffix(".weight")
+    if leaf.startswith("mlp.experts."):
+        return f"{base}.{expert_scale_suffix}"
+    return f"{base}.weight_scale_inv"
+
+
+def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: str = "mtp_layers",
+                       experts: str = "split", quant: str = "bf16",
+                       expert_scale_suffix: str = "weight_scale_inv", scale_dtype: str = "auto",
+                       indexer_wk_fp8: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, stored tensors) for canonical float64 ``weights``; nothing is written."""
+    if naming not in NAMINGS:
+        raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
+    if experts not in EXPERT_LAYOUTS:
+        raise ValueError(f"experts must be one of {EXPERT_LAYOUTS}, got {experts!r}")
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+    if expert_scale_suffix not in EXPERT_SCALE_SUFFIXES:
+        raise ValueError(f"expert_scale_suffix must be one of {EXPERT_SCALE_SUFFIXES}")
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale_dtype must be one of {SCALE_DTYPES}, got {scale_dtype!r}")
+    hf = copy.deepcopy(hf)
+    cfg = MTPConfig.from_hf_dict(hf)
+    check_weights(cfg, weights)
+    fp8 = quant != "bf16"
+    if fp8:
+        _check_fp8_dims(cfg)
+    hf["mtp_quant_algo"] = "FP8" if fp8 else "BF16"
+    qc = quantization_config(cfg, naming, quant, indexer_wk_fp8)
+    hf.pop("quantization_config", None)
+    if qc is not None:
+        hf["quantization_config"] = qc
+    plan = None
+    if fp8:
+        from .quant import mtp_fp8_plan
+        plan = mtp_fp8_plan(hf, cfg)
+    ue8m0 = quant == "fp8-ue8m0"
+
+    out: dict[str, torch.Tensor] = {}
+    for name, value in to_checkpoint(cfg, weights, naming, experts).items():
+        parsed = parse_layer_name(name, cfg.num_hidden_layers)
+        if parsed is None:  # embed_tokens, lm_head
+            out[name] = value.to(torch.bfloat16)
+            continue
+        layer, _, leaf = parsed
+        if leaf.startswith("mlp.experts."):
+            parts = leaf.split(".")  # split: mlp.experts.<e>.<proj>.weight; fused: mlp.experts.<proj>
+            proj = parts[3] if len(parts) == 5 else parts[2]
+            canon = "mlp.experts." + ("gate_proj" if proj == "gate_up_proj" else proj)
+        else:
+            canon = canonical_leaf(leaf)
+        assert canon is not None, name
+        q = plan is not None and (plan.is_quantized(layer, canon)
+                                  or (canon == "indexer.wk" and indexer_wk_fp8))
+        if not q:
+            dtype = torch.float32 if is_fp32_param(f"layers.{layer}.{canon}") else torch.bfloat16
+            out[name] = value.to(dtype)
+            continue
+        w, s = quantize_weight(value, DEFAULT_BLOCK, ue8m0)
+        sname = _scale_name(name, leaf, expert_scale_suffix)
+        storage = scale_dtype
+        if storage == "auto":
+            sleaf = parse_layer_name(sname, cfg.num_hidden_layers)[2]
+            storage = "uint8" if vllm_reinterprets_uint8(sleaf) else "float32"
+        out[name] = w
+        out[sname] = encode_scale(s, ue8m0, storage)
+    return hf, out
+
+
+def _shard_names(n: int) -> list[str]:
+    return [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+
+
+def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch.Tensor], *,
+                  shards: int = 1, index: bool = True, force: bool = False) -> Path:
+    """Write config.json + safetensors shards (+ index) atomically into ``out_dir``."""
+    out = Path(out_dir)
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    if not index and shards != 1:
+        raise ValueError("a checkpoint without an index has exactly one shard")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"{out}: directory is not empty (use --force to replace it)")
+    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        names = sorted(tensors)
+        files = _shard_names(shards) if index else ["model.safetensors"]
+        buckets: list[dict[str, torch.Tensor]] = [{} for _ in files]
+        # contiguous runs of sorted names, so a layer's tensors sit together
+        per = -(-len(names) // len(files))
+        weight_map = {}
+        for j, name in enumerate(names):
+            k = min(j // per, len(files) - 1)
+            buckets[k][name] = tensors[name].contiguous()
+            weight_map[name] = files[k]
+        total = 0
+        for fname, bucket in zip(files, buckets):
+            save_file(bucket, str(tmp / fname), metadata={"format": "pt"})
+            total += sum(t.numel() * t.element_size() for t in bucket.values())
+        if index:
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+        if out.is_dir() and any(out.iterdir()):
+            old = out.parent / f"{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)  # an empty directory is replaced too
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[str, torch.Tensor], *,
+                    naming: str = "mtp_layers", experts: str = "split", quant: str = "bf16",
+                    shards: int = 1, expert_scale_suffix: str = "weight_scale_inv",
+                    scale_dtype: str = "auto", indexer_wk_fp8: bool = True, index: bool = True,
+                    force: bool = False) -> Path:
+    """Write canonical float64 ``weights`` as a HY V4 MTP checkpoint; returns its directory.
+
+    ``hf_config`` is the model's config.json dict (``num_nextn_predict_layers``
+    and the MTP switches already set); ``mtp_quant_algo`` and
+    ``quantization_config`` are set here from ``quant``. ``expert_scale_suffix``
+    "scale" names expert scales ``....scale`` (vLLM renames them), and
+    ``scale_dtype`` picks how UE8M0 scales are stored: "auto" = uint8 bytes where
+    vLLM reinterprets bytes (expert ``.scale`` names, indexer wk) and
+    power-of-two float32 elsewhere; "uint8", "float32", "e8m0" everywhere
+    ("uint8" on linear scales is a checkpoint vLLM misreads: the loader refuses it).
+    """
+    hf, tensors = checkpoint_tensors(hf_config, weights, naming=naming, experts=experts, quant=quant,
+                                     expert_scale_suffix=expert_scale_suffix,
+                                     scale_dtype=scale_dtype, indexer_wk_fp8=indexer_wk_fp8)
+    return write_tensors(out_dir, hf, tensors, shards=shards, index=index, force=force)
+
+
+def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="checkpoint directory to create")
+    parser.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
+    parser.add_argument("--experts", choices=EXPERT_LAYOUTS, default="split",
+                        help="routed experts one tensor per expert (split) or stacked (fused)")
+    parser.add_argument("--quant", choices=QUANTS, default="bf16")
+    parser.add_argument("--naming", choices=NAMINGS, default="mtp_layers",
+                        help="model.mtp_layers.<i> or model.layers.<num_hidden_layers+i>")
+    parser.add_argument("--mtp-layers", type=int, default=1, help="num_nextn_predict_layers")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--no-index", action="store_true",
+                        help="write one model.safetensors and no index (needs --shards 1)")
+    parser.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocab_size")
+    parser.add_argument("--index-share", action="store_true", help="index_share_for_mtp_iteration: true")
+    parser.add_argument("--dense-mlp", action="store_true", help="the MTP layer's MLP is dense, not MoE")
+    parser.add_argument("--headwise-gate", action="store_true", help="gating_type headwise")
+    parser.add_argument("--no-sink", action="store_true", help="learnable_sink: false")
+    parser.add_argument("--expert-scale-suffix", choices=EXPERT_SCALE_SUFFIXES, default="weight_scale_inv",
+                        help="FP8 expert scale names: .weight_scale_inv (fused: _scale_inv) or .scale")
+    parser.add_argument("--scale-dtype", choices=SCALE_DTYPES, default="auto",
+                        help="UE8M0 scale storage (see write_synthetic)")
+    parser.add_argument("--bf16-indexer-wk", action="store_true",
+                        help="keep the indexer wk in bf16 in FP8 checkpoints (default: FP8 + weight_scale_inv)")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
+
+
+def synth_command(args) -> int:
+    overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
+    try:
+        hf = synth_config(args.preset, mtp_layers=args.mtp_layers, index_share=args.index_share,
+                          dense_mlp=args.dense_mlp, headwise_gate=args.headwise_gate,
+                          no_sink=args.no_sink, **overrides)
+        cfg = MTPConfig.from_hf_dict(hf)
+        if args.naming == "layers" and cfg.num_mtp_layers > max(cfg.num_nextn_predict_layers - 1, 1):
+            print("warning: vLLM 0.33 reads model.layers.<N+i> MTP tensors only for "
+                  "i < max(num_nextn_predict_layers - 1, 1); use --naming mtp_layers for "
+                  f"{cfg.num_mtp_layers} MTP layers", file=sys.stderr)
+        weights = random_weights(cfg, args.seed)
+        out = write_synthetic(args.out_dir, hf, weights, naming=args.naming, experts=args.experts,
+                              quant=args.quant, shards=args.shards,
+                              expert_scale_suffix=args.expert_scale_suffix,
+                              scale_dtype=args.scale_dtype, indexer_wk_fp8=not args.bf16_indexer_wk,
+                              index=not args.no_index, force=args.force)
+    except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (preset {args.preset}, seed {args.seed}, naming {args.naming}, "
+          f"experts {args.experts}, quant {args.quant}, {args.shards} shard(s))")
+    return 0
