@@ -1,0 +1,51 @@
+"""Wall time of one production draft step (vLLM HYV4MTP, module level) on the GPU.
+
+    python benchmarks/bench_draft_step_gpu.py [--preset tiny] [--requests 8] [--tokens 64] [--steps 3]
+
+Times ``ProductionSession.run`` (metadata build + forward + logits + hooks off
+the hot path is NOT possible here: hooks copy to CPU, so this is an upper
+bound) and the bare forward of the first step with CUDA events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import reference as R
+from harness.checkpoint.names import to_checkpoint
+from harness.presets import preset
+from harness.production.runner import ProductionSession
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    hf = preset(a.preset)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    first = R.make_case(cfg, 0, a.requests, a.tokens)
+    sess = ProductionSession(hf, num_speculative_tokens=a.steps, max_num_batched_tokens=4096)
+    sess.load(to_checkpoint(cfg, R.random_weights(cfg, 0)))
+    sess.run(first, a.steps)  # warm-up: JIT kernels, workspaces
+    times = []
+    for _ in range(a.repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        sess.run(first, a.steps)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    print(json.dumps({"preset": a.preset, "tokens_step0": int(first.input_ids.numel()), "steps": a.steps,
+                      "run_s_min": min(times), "run_s_median": sorted(times)[len(times) // 2],
+                      "gpu": torch.cuda.get_device_name(0)}))
+
+
+if __name__ == "__main__":
+    main()

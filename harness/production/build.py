@@ -1,0 +1,93 @@
+"""Build vLLM's ``HYV4MTP`` and load checkpoint tensors into it, as vLLM's loader does.
+
+``BaseModelLoader.load_model`` = ``initialize_model`` (under the model dtype and
+target device) -> ``model.load_weights(iterable)`` -> ``process_weights_after_loading``.
+We run the same three steps with our own iterable instead of files, then audit
+the result (``audit.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+
+import torch
+
+_DIST_READY = False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_single_process(vllm_config, device: torch.device) -> None:
+    """World size 1 process group, model-parallel groups and the workspace manager (once)."""
+    global _DIST_READY
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    if _DIST_READY:
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                     backend=backend)
+        ensure_model_parallel_initialized(1, 1)
+    try:
+        from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized
+        if not is_workspace_manager_initialized():
+            init_workspace_manager(device)
+    except ImportError:  # older vLLM: no workspace manager
+        pass
+    _DIST_READY = True
+
+
+class _WarningTap(logging.Handler):
+    """Collects the warnings vLLM's MTP loader logs (unknown / unassigned weights)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def build_model(vllm_config, device: torch.device):
+    """``HYV4MTP`` with uninitialised weights, on ``device``, under ``vllm_config``."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    draft_mc = vllm_config.speculative_config.draft_model_config
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(draft_mc.dtype), device:
+        model = initialize_model(vllm_config=vllm_config, model_config=draft_mc)
+    return model
+
+
+def load_checkpoint(model, vllm_config, ckpt: dict[str, torch.Tensor], device: torch.device):
+    """``model.load_weights`` + ``process_weights_after_loading``; returns (loaded names, warnings)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    draft_mc = vllm_config.speculative_config.draft_model_config
+    tap = _WarningTap()
+    loggers = [logging.getLogger(n) for n in ("vllm.models.hy_v4.nvidia.mtp", "vllm.models.hy_v4.nvidia.model",
+                                                "vllm.model_executor.models.hy_v4.nvidia.mtp")]
+    for lg in loggers:
+        lg.addHandler(tap)
+    try:
+        with set_current_vllm_config(vllm_config):
+            loaded = model.load_weights(iter(sorted(ckpt.items())))
+            pre_process_params = {n: p for n, p in model.named_parameters()}
+            process_weights_after_loading(model, draft_mc, device)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(tap)
+    return set(loaded or ()), pre_process_params, tap.messages

@@ -1,0 +1,130 @@
+"""Paged KV caches for the draft's attention layers and per-step attention metadata.
+
+Every layer that registered itself in ``static_forward_context`` (the MLA
+attention and the indexer's FP8 key cache) gets a zeroed cache of
+``[num_blocks, 1, block_size, row]`` bound through its own ``bind_kv_cache``,
+and a metadata builder from its own backend (``backend.get_builder_cls()``).
+Request r owns blocks ``1 + r*B .. (r+1)*B`` (block 0 stays unused, as the
+null block of vLLM's block pool).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+
+@dataclasses.dataclass
+class DraftLayer:
+    name: str
+    layer: object
+    spec: object
+    backend: type
+    builder: object
+
+
+def _row_shape(spec) -> tuple[torch.dtype, int]:
+    content = getattr(spec, "state_content_bytes", None)
+    if content:  # packed fp8_ds_mla / nvfp4 rows: opaque bytes
+        return torch.uint8, int(content)
+    return spec.dtype, int(spec.head_size)
+
+
+def setup_draft_layers(vllm_config, device: torch.device, num_blocks: int) -> list[DraftLayer]:
+    """Allocate + bind a KV cache and create a metadata builder for every draft attention layer."""
+    from vllm.config import set_current_vllm_config
+
+    out = []
+    ctx = vllm_config.compilation_config.static_forward_context
+    with set_current_vllm_config(vllm_config):
+        for name, layer in ctx.items():
+            if not hasattr(layer, "get_kv_cache_spec"):
+                continue
+            spec = layer.get_kv_cache_spec(vllm_config)
+            if spec is None:
+                continue
+            backend = layer.get_attn_backend()
+            if hasattr(backend, "customize_spec"):
+                try:
+                    spec = backend.customize_spec(spec)
+                except Exception:  # noqa: BLE001 - keep the layer's own spec
+                    pass
+            dtype, row = _row_shape(spec)
+            cache = torch.zeros((num_blocks, 1, spec.block_size, row), dtype=dtype, device=device)
+            layer.bind_kv_cache(cache)
+            builder = backend.get_builder_cls()(spec, [name], vllm_config, device)
+            out.append(DraftLayer(name, layer, spec, backend, builder))
+    return out
+
+
+@dataclasses.dataclass
+class BatchLayout:
+    """Block table of R requests with ``blocks_per_request`` blocks each."""
+
+    num_requests: int
+    blocks_per_request: int
+    block_size: int
+
+    @property
+    def num_blocks(self) -> int:
+        return 1 + self.num_requests * self.blocks_per_request
+
+    def block_table(self) -> torch.Tensor:
+        bt = torch.arange(self.num_requests * self.blocks_per_request, dtype=torch.int32)
+        return (bt.reshape(self.num_requests, self.blocks_per_request) + 1)
+
+    def slots(self, requests: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        bt = self.block_table()
+        blk = bt[requests, positions // self.block_size].to(torch.int64)
+        return blk * self.block_size + positions % self.block_size
+
+
+def common_metadata(layout: BatchLayout, requests: torch.Tensor, positions: torch.Tensor,
+                    seq_lens: list[int], device: torch.device):
+    """``CommonAttentionMetadata`` for a request-major token batch.
+
+    requests/positions: [T] (CPU, long). seq_lens: per request, the context
+    length after this step's tokens are written (position of its last token + 1).
+    """
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    r = layout.num_requests
+    qlens = torch.bincount(requests, minlength=r).to(torch.int32)
+    qsl = torch.zeros(r + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(qlens, 0)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    slot = layout.slots(requests, positions)
+    fields = dict(
+        query_start_loc=qsl.to(device),
+        query_start_loc_cpu=qsl,
+        seq_lens=sl.to(device),
+        num_reqs=r,
+        num_actual_tokens=int(requests.numel()),
+        max_query_len=int(qlens.max()),
+        max_seq_len=int(sl.max()),
+        block_table_tensor=layout.block_table().to(device),
+        slot_mapping=slot.to(device),
+    )
+    optional = dict(positions=positions.to(device), seq_lens_cpu_upper_bound=sl.clone(),
+                    req_idx=np.arange(r))
+    names = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
+    fields.update({k: v for k, v in optional.items() if k in names})
+    return CommonAttentionMetadata(**fields)
+
+
+def build_step_metadata(layers: list[DraftLayer], cam, draft_index: int, vllm_config):
+    """({layer: metadata}, {layer: slot_mapping}) as the proposer's builders produce them."""
+    from vllm.config import set_current_vllm_config
+
+    md, slots = {}, {}
+    with set_current_vllm_config(vllm_config):
+        for dl in layers:
+            b = dl.builder
+            if hasattr(b, "build_for_drafting"):
+                md[dl.name] = b.build_for_drafting(cam, draft_index)
+            else:
+                md[dl.name] = b.build(0, cam)
+            slots[dl.name] = cam.slot_mapping
+    return md, slots

@@ -1,0 +1,189 @@
+"""Drive vLLM's ``HYV4MTP`` through K draft steps exactly as the MTP proposer does.
+
+Step 0: every request's new tokens (positions 0..L_r-1) with the target's
+hidden states; sample each request's last token (``compute_logits`` + argmax,
+the greedy draft path). Steps k >= 1: one token per request (the previous
+draft token at position last+k) fed the previous step's output hidden state,
+with attention metadata rebuilt by the real builders (``build_for_drafting``,
+draft_index=k). With ``index_share_for_mtp_iteration`` the proposer calls
+``set_skip_topk(True)`` + ``compact_topk_indices(last_token_rows)`` after step
+0; we do the same. The proposer never passes ``spec_step_idx`` (MTP layer 0
+serves every step); ``spec_step_idx="proposer"`` reproduces that, an int
+forces a layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import torch
+
+from . import audit, build, capture, kv
+from .checkpoint_cast import cast_for_vllm
+from .vllm_config import build_vllm_config
+
+_SESSIONS: dict[str, "ProductionSession"] = {}
+
+
+@dataclasses.dataclass
+class StepNotes:
+    """Per-step facts about how production ran (for reports, not compared)."""
+
+    step: int
+    num_tokens: int
+    metadata: dict
+
+
+def _describe_metadata(md: dict) -> dict:
+    out = {}
+    for name, m in md.items():
+        d = {}
+        for attr in ("num_decodes", "num_prefills", "num_decode_tokens"):
+            if hasattr(m, attr):
+                d[attr] = int(getattr(m, attr))
+        pre = getattr(m, "prefill", None)
+        if pre is not None and hasattr(pre, "use_dense_mha"):
+            d["prefill.use_dense_mha"] = bool(pre.use_dense_mha)
+        d["type"] = type(m).__name__
+        out[name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1]] = d
+    return out
+
+
+class ProductionSession:
+    """One built ``HYV4MTP`` (per HF config) that can load weights and run cases."""
+
+    def __init__(self, hf_config: dict, *, num_speculative_tokens: int = 3,
+                 device: str | torch.device = "cuda", max_model_len: int = 1024,
+                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 16) -> None:
+        self.hf_config = dict(hf_config)
+        self.device = torch.device(device)
+        self.vllm_config = build_vllm_config(
+            self.hf_config, num_speculative_tokens=num_speculative_tokens,
+            max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs)
+        build.init_single_process(self.vllm_config, self.device)
+        self.model = build.build_model(self.vllm_config, self.device)
+        self.block_size = self.vllm_config.cache_config.block_size
+        self.index_topk = self.hf_config.get("index_topk")
+        draft_hf = self.vllm_config.speculative_config.draft_model_config.hf_config
+        self.share_indices = bool(getattr(draft_hf, "index_share_for_mtp_iteration", False))
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.loaded = False
+        self.audit_problems: list[str] = []
+        self.notes: list = []
+        self.attach_notes: list[str] = []
+
+    # ---- weights --------------------------------------------------------------
+    def load(self, weights_ckpt: dict[str, torch.Tensor], *, strict: bool = True) -> list[str]:
+        """Load checkpoint tensors (cast to bf16/fp32 as on disk) and audit the result."""
+        if self.loaded:
+            raise RuntimeError("weights already loaded: process_weights_after_loading is one-shot; "
+                               "make a new ProductionSession")
+        ckpt = cast_for_vllm(weights_ckpt)
+        loaded, pre, warnings = build.load_checkpoint(self.model, self.vllm_config, ckpt, self.device)
+        self.audit_problems = audit.audit_loaded_model(self.model, loaded, pre, warnings)
+        self.loaded = True
+        if strict and self.audit_problems:
+            raise audit.LoadAuditError("production post-load audit failed:\n  "
+                                       + "\n  ".join(self.audit_problems))
+        return self.audit_problems
+
+    # ---- running -------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, first, steps: int, *, spec_step_idx="proposer",
+            share_indices: bool | None = None) -> dict[str, torch.Tensor]:
+        """{"step{k}.{component}": tensor} for ``steps`` draft steps from ``first`` (a reference.StepInput)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.forward_context import set_forward_context
+
+        if not self.loaded:
+            raise RuntimeError("load() weights first")
+        share = self.share_indices if share_indices is None else share_indices
+        dev = self.device
+        req = first.request.to(torch.long)
+        pos = first.positions.to(torch.long)
+        num_req = int(req.max()) + 1
+        lengths = torch.bincount(req, minlength=num_req)
+        if not bool((req[1:] >= req[:-1]).all()):
+            raise ValueError("StepInput must be request-major (rows of a request adjacent, in order)")
+        last_rows = torch.cumsum(lengths, 0) - 1
+        max_len = int(pos.max()) + steps + 1
+        layout = kv.BatchLayout(num_req, math.ceil(max_len / self.block_size), self.block_size)
+        layers = kv.setup_draft_layers(self.vllm_config, dev, layout.num_blocks)
+        buffer = torch.full((self.max_num_batched_tokens, self.index_topk or 1), -1,
+                            dtype=torch.int32, device=dev)
+        model = self.model
+        if self.index_topk is not None:
+            model.set_topk_indices_buffer(buffer)
+            if hasattr(model.model, "set_skip_topk"):
+                model.model.set_skip_topk(False)
+        rec = capture.Recorder()
+        self.attach_notes = capture.attach(model, rec)
+        out: dict[str, torch.Tensor] = {}
+        self.notes = []
+        ids = first.input_ids.to(torch.long)
+        hidden = first.hidden.to(torch.bfloat16)
+        try:
+            for k in range(steps):
+                seq_lens = [int(pos[req == r].max()) + 1 for r in range(num_req)]
+                cam = kv.common_metadata(layout, req, pos, seq_lens, dev)
+                md, slots = kv.build_step_metadata(layers, cam, k, self.vllm_config)
+                self.notes.append(StepNotes(k, int(ids.numel()), _describe_metadata(md)))
+                rec.trace.clear()
+                kwargs = dict(input_ids=ids.to(dev), positions=pos.to(dev), hidden_states=hidden.to(dev))
+                if spec_step_idx != "proposer":
+                    kwargs["spec_step_idx"] = int(spec_step_idx) if spec_step_idx != "cycle" else k
+                with set_current_vllm_config(self.vllm_config):
+                    with set_forward_context(md, self.vllm_config, num_tokens=int(ids.numel()),
+                                             slot_mapping=slots):
+                        h = model(**kwargs)
+                    rows = last_rows.to(dev) if k == 0 else torch.arange(num_req, device=dev)
+                    logits = model.compute_logits(h[rows])
+                tok = logits.argmax(dim=-1)
+                trace = rec.trace
+                trace["logits"] = logits.detach().float().cpu()
+                trace["draft_token"] = tok.detach().cpu()
+                out[f"step{k}.input_ids"] = ids.clone()
+                out[f"step{k}.positions"] = pos.clone()
+                out[f"step{k}.hidden_in"] = hidden.float().clone()
+                for name, v in trace.items():
+                    out[f"step{k}.{name}"] = v
+                # next step's inputs, as the proposer builds them
+                if k == 0 and share and self.index_topk is not None and steps > 1:
+                    model.model.set_skip_topk(True)
+                    model.model.compact_topk_indices(last_rows.to(dev))
+                lr = last_rows if k == 0 else torch.arange(num_req)
+                hidden = h[rows].detach().to("cpu")
+                ids = tok.detach().to("cpu").to(torch.long)
+                pos = pos[lr] + 1
+                req = torch.arange(num_req)
+        finally:
+            rec.remove()
+            if self.index_topk is not None and hasattr(model.model, "set_skip_topk"):
+                model.model.set_skip_topk(False)
+        return out
+
+
+def session_for(hf_config: dict, **kw) -> ProductionSession:
+    """A fresh session per call (weights load is one-shot); kept for symmetry with tests."""
+    return ProductionSession(hf_config, **kw)
+
+
+def run_production(hf_config: dict, weights_ckpt: dict[str, torch.Tensor], first, steps: int,
+                   **kw) -> dict[str, torch.Tensor]:
+    """Build vLLM's HYV4MTP for ``hf_config``, load ``weights_ckpt``, run ``steps`` draft steps.
+
+    Returns ``{"step{k}.{component}": tensor}`` with the keys of
+    ``reference.flatten`` for the components production exposes.
+    """
+    run_kw = {k: kw.pop(k) for k in ("spec_step_idx", "share_indices") if k in kw}
+    kw.setdefault("num_speculative_tokens", steps)
+    s = ProductionSession(hf_config, **kw)
+    s.load(weights_ckpt)
+    return s.run(first, steps, **run_kw)
+
+
+def describe_notes(session: ProductionSession) -> str:
+    return json.dumps([dataclasses.asdict(n) for n in session.notes], indent=1)
