@@ -22,7 +22,7 @@ class DraftLayer:
     layer: object
     spec: object
     backend: type
-    builder: object
+    group: object  # vllm.v1.worker.utils.AttentionGroup (owns the metadata builder)
 
 
 def _row_shape(spec) -> tuple[torch.dtype, int]:
@@ -54,9 +54,26 @@ def setup_draft_layers(vllm_config, device: torch.device, num_blocks: int) -> li
             dtype, row = _row_shape(spec)
             cache = torch.zeros((num_blocks, 1, spec.block_size, row), dtype=dtype, device=device)
             layer.bind_kv_cache(cache)
-            builder = backend.get_builder_cls()(spec, [name], vllm_config, device)
-            out.append(DraftLayer(name, layer, spec, backend, builder))
+            # The runner's own wrapper: it passes block_table_width to builders
+            # that need it (the indexer's) and builds drafting metadata.
+            from vllm.v1.worker.utils import AttentionGroup
+            group = AttentionGroup(backend=backend, layer_names=[name], kv_cache_spec=spec,
+                                   kv_cache_group_id=len(out))
+            group.create_metadata_builders(vllm_config, device)
+            out.append(DraftLayer(name, layer, spec, backend, group))
     return out
+
+
+def block_table_width(vllm_config) -> int:
+    """Width of the runner's block table for this config (vLLM's alignment rule)."""
+    from vllm.utils.math_utils import cdiv
+    bs = vllm_config.cache_config.block_size
+    max_blocks = cdiv(vllm_config.model_config.max_model_len, bs)
+    try:
+        from vllm.v1.worker.block_table import get_block_table_width
+        return int(get_block_table_width(max_blocks, bs))
+    except ImportError:  # pragma: no cover
+        return max_blocks
 
 
 @dataclasses.dataclass
@@ -66,6 +83,7 @@ class BatchLayout:
     num_requests: int
     blocks_per_request: int
     block_size: int
+    width: int = 0  # table width (>= blocks_per_request); unused entries are 0
 
     @property
     def num_blocks(self) -> int:
@@ -73,7 +91,11 @@ class BatchLayout:
 
     def block_table(self) -> torch.Tensor:
         bt = torch.arange(self.num_requests * self.blocks_per_request, dtype=torch.int32)
-        return (bt.reshape(self.num_requests, self.blocks_per_request) + 1)
+        bt = bt.reshape(self.num_requests, self.blocks_per_request) + 1
+        width = max(self.width, self.blocks_per_request)
+        out = torch.zeros(self.num_requests, width, dtype=torch.int32)
+        out[:, : self.blocks_per_request] = bt
+        return out
 
     def slots(self, requests: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         bt = self.block_table()
@@ -121,10 +143,6 @@ def build_step_metadata(layers: list[DraftLayer], cam, draft_index: int, vllm_co
     md, slots = {}, {}
     with set_current_vllm_config(vllm_config):
         for dl in layers:
-            b = dl.builder
-            if hasattr(b, "build_for_drafting"):
-                md[dl.name] = b.build_for_drafting(cam, draft_index)
-            else:
-                md[dl.name] = b.build(0, cam)
+            md[dl.name] = dl.group.build_metadata_for_drafting(cam, draft_index)
             slots[dl.name] = cam.slot_mapping
     return md, slots

@@ -110,7 +110,8 @@ class ProductionSession:
             raise ValueError("StepInput must be request-major (rows of a request adjacent, in order)")
         last_rows = torch.cumsum(lengths, 0) - 1
         max_len = int(pos.max()) + steps + 1
-        layout = kv.BatchLayout(num_req, math.ceil(max_len / self.block_size), self.block_size)
+        layout = kv.BatchLayout(num_req, math.ceil(max_len / self.block_size), self.block_size,
+                                kv.block_table_width(self.vllm_config))
         layers = kv.setup_draft_layers(self.vllm_config, dev, layout.num_blocks)
         buffer = torch.full((self.max_num_batched_tokens, self.index_topk or 1), -1,
                             dtype=torch.int32, device=dev)
