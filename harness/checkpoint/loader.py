@@ -93,8 +93,8 @@ class _Reader:
             try:
                 self.handles[fname] = safe_open(str(path), framework="pt")
             except Exception as exc:  # noqa: BLE001 - any parse failure is a corrupt file
-                raise CheckpointError(path, None, f"not a readable safetensors file "
-                                      f"(truncated or corrupt header): {exc}") from exc
+                raise CheckpointError(path, name, f"not a readable safetensors file (opened for this "
+                                      f"tensor; truncated or corrupt header): {exc}") from exc
         h = self.handles[fname]
         if name not in h.keys():
             raise CheckpointError(path, name, "the index maps this tensor here but the file's header "

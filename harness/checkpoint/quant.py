@@ -118,7 +118,8 @@ def mtp_fp8_plan(hf: dict, cfg: MTPConfig) -> Fp8Plan | None:
     if up in ("BF16", "FP16"):
         return None
     if up not in (None, "NONE", "FP8"):
-        raise ValueError(f"mtp_quant_algo {algo!r} is not one vLLM 0.33 knows (FP8, BF16, FP16, NONE)")
+        raise ValueError(f"mtp_quant_algo {algo!r} is not one vLLM 0.33 knows (FP8, BF16, FP16, NONE); "
+                         "vLLM would warn and fall back to the backbone's quant config")
     if up != "FP8" and qc is None:
         return None
     qc = qc or {}
