@@ -104,6 +104,38 @@ def cmd_main_job(args) -> int:
     return check_reference_goldens(verbose=True)
 
 
+def cmd_report(args) -> int:
+    from .report import diff, format_table, plot, read_report
+
+    try:
+        a = read_report(args.a)
+        b = read_report(args.b) if args.b else None
+    except ValueError as exc:
+        raise CLIError(str(exc)) from exc
+    print(format_table(a))
+    if args.plot:
+        print(f"plot: {plot(a, args.plot)}")
+    if b is not None:
+        moved = diff(a, b, args.factor)
+        print(f"\n{len(moved)} component(s) moved between {args.a} and {args.b}:")
+        for line in moved:
+            print("  " + line)
+    return EXIT_OK
+
+
+def cmd_bisect_check(args) -> int:
+    """Goldens + side by side for the default case set: 0 good, 1 bad, 125 cannot judge."""
+    from . import runtime
+
+    reason = runtime.cannot_run_production_reason()
+    if reason:
+        print(f"cannot judge: {reason}")
+        return EXIT_CANNOT_JUDGE
+    from .production.compare_cli import bisect_command
+
+    return bisect_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--report", default=None, help="write the JSON report here")
     c.set_defaults(func=cmd_compare)
+
+    rp = sub.add_parser("report", help="print a JSON report; with two, the components whose error moved")
+    rp.add_argument("a", metavar="A.json")
+    rp.add_argument("b", metavar="B.json", nargs="?")
+    rp.add_argument("--plot", metavar="PNG", help="write a log-scale error-per-component plot of A")
+    rp.add_argument("--factor", type=float, default=2.0, help="report max_abs changes larger than this ratio")
+    rp.set_defaults(func=cmd_report)
+
+    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch, 125 cannot judge")
+    b.add_argument("--case", action="append", default=None, metavar="ID")
+    b.add_argument("--report", default=None)
+    b.set_defaults(func=cmd_bisect_check)
 
     m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens")
     m.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny")

@@ -1,0 +1,105 @@
+"""JSON reports: write, print, diff two, plot error per component.
+
+A report file is ``{"cases": {case_id: Report.as_dict()}, "meta": {...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from .compare import Report
+
+
+def write_report(path: str | Path, reports: dict[str, Report], meta: dict | None = None) -> Path:
+    """Atomically write the reports of several cases as one JSON file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta or {}, "cases": {cid: r.as_dict() for cid, r in reports.items()}}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def read_report(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ValueError(f"{path}: no such report") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a JSON report ({exc})") from exc
+    if not isinstance(doc, dict) or "cases" not in doc:
+        raise ValueError(f"{path}: not a harness report (no 'cases')")
+    return doc
+
+
+def _rows(doc: dict):
+    for cid, rep in sorted(doc["cases"].items()):
+        for c in rep["components"]:
+            yield cid, c
+
+
+def format_table(doc: dict) -> str:
+    lines = [f"{'case':32s} {'component':26s} {'ok':4s} {'max_abs':>10s} {'max_rel':>10s} {'1-sim':>10s} {'atol':>8s}"]
+    for cid, c in _rows(doc):
+        tol = c.get("tolerance") or {}
+        lines.append(f"{cid:32s} {c['name']:26s} {'ok' if c['passed'] else 'FAIL':4s} {c['max_abs']:10.3e} "
+                     f"{c['max_rel']:10.3e} {c['similarity_gap']:10.3e} {tol.get('atol', 0):8.1e}")
+    return "\n".join(lines)
+
+
+def diff(a: dict, b: dict, factor: float = 2.0) -> list[str]:
+    """Components whose verdict changed or whose max_abs moved by more than ``factor``."""
+    left = {(cid, c["name"]): c for cid, c in _rows(a)}
+    right = {(cid, c["name"]): c for cid, c in _rows(b)}
+    out = []
+    for key in sorted(set(left) | set(right)):
+        x, y = left.get(key), right.get(key)
+        label = f"{key[0]} {key[1]}"
+        if x is None or y is None:
+            out.append(f"{label}: only in {'B' if x is None else 'A'}")
+            continue
+        if x["passed"] != y["passed"]:
+            out.append(f"{label}: {'ok' if x['passed'] else 'FAIL'} -> {'ok' if y['passed'] else 'FAIL'} "
+                       f"(max_abs {x['max_abs']:.3e} -> {y['max_abs']:.3e})")
+            continue
+        ea, eb = x["max_abs"], y["max_abs"]
+        if max(ea, eb) == 0:
+            continue
+        if min(ea, eb) == 0 or max(ea, eb) / min(ea, eb) > factor:
+            out.append(f"{label}: max_abs {ea:.3e} -> {eb:.3e}")
+    return out
+
+
+def plot(doc: dict, png: str | Path) -> Path:
+    """Log-scale max abs error per component (bars) with its atol (marker)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(_rows(doc))
+    names = [f"{cid.split('-')[0]}:{c['name']}" for cid, c in rows]
+    errs = [max(c["max_abs"], 1e-18) for _, c in rows]
+    tols = [((c.get("tolerance") or {}).get("atol") or math.nan) for _, c in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(rows)), 4.5))
+    colors = ["tab:green" if c["passed"] else "tab:red" for _, c in rows]
+    ax.bar(range(len(rows)), errs, color=colors)
+    ax.plot(range(len(rows)), tols, "k_", markersize=12, label="atol")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(names, rotation=90, fontsize=6)
+    ax.set_ylabel("max |actual - expected|")
+    ax.legend()
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
