@@ -248,7 +248,8 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
     rd.model_dtype = model_dtype
     listing = index_file or root / SINGLE
     n_hidden = cfg.num_hidden_layers
-    vllm_layers_seen = max(cfg.num_nextn_predict_layers - 1, 1)
+    # vLLM's _get_spec_layer_idx_from_weight_name: model.layers.<N+i> only for these i
+    vllm_layers_seen = max(cfg.num_nextn_predict_layers - 1, 1) if cfg.num_nextn_predict_layers >= 1 else 0
 
     # ---- classify names (no file is opened yet) ------------------------------------------
     found: dict[tuple, str] = {}  # (layer, canon, role, key) -> checkpoint name
