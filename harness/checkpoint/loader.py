@@ -397,6 +397,13 @@ def _check_finite(path, name, t: torch.Tensor) -> None:
 
 
 def _read_plain(rd: _Reader, name: str, shape, allowed, cname: str) -> torch.Tensor:
+    t = _read_stored(rd, name, shape, allowed, cname).to(torch.float64)
+    _check_finite(rd.path(name), name, t)
+    return t
+
+
+def _read_stored(rd: _Reader, name: str, shape, allowed, cname: str) -> torch.Tensor:
+    """The tensor in its stored dtype, after the shape and dtype checks."""
     path, got_shape, dt = rd.meta(name)
     if tuple(got_shape) != tuple(shape):
         raise CheckpointError(path, name, f"shape {list(got_shape)}, expected {list(shape)} from config.json "
@@ -404,10 +411,7 @@ def _read_plain(rd: _Reader, name: str, shape, allowed, cname: str) -> torch.Ten
     names = [_dt(a) for a in allowed]
     if _st_dtype(dt) not in names:
         raise CheckpointError(path, name, f"dtype {_st_dtype(dt)}, expected {' or '.join(dict.fromkeys(names))}")
-    path, t = rd.read(name)
-    t = t.to(torch.float64)
-    _check_finite(path, name, t)
-    return t
+    return rd.read(name)[1]
 
 
 def _read_scale(rd: _Reader, sname: str, want_shape, ue8m0: bool, strict_vllm: bool) -> tuple[torch.Tensor, str]:
@@ -434,7 +438,7 @@ def _read_e4m3(rd: _Reader, wname: str, shape) -> torch.Tensor:
     if _st_dtype(wdt) != "float8_e4m3fn":
         raise CheckpointError(path, wname, f"dtype {_st_dtype(wdt)}, expected float8_e4m3fn")
     _, q = rd.read(wname)
-    if torch.isnan(q.to(torch.float32)).any():
+    if ((q.view(torch.uint8) & 0x7F) == 0x7F).any():  # e4m3fn NaN: S.1111.111
         raise CheckpointError(path, wname, "non-finite values (e4m3 NaN)")
     return q
 
@@ -504,32 +508,33 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
                 raise CheckpointError(listing, ckpt, f"missing (the other fused expert tensor is present)")
             check_dtype(wname)
             sname = scale_of(canon_part, ("fused",), wname)
+            is_gu = canon_part.endswith("gate_up")
+            names = ("gate_proj", "up_proj") if is_gu else ("down_proj",)
+            rows = shp[1] // len(names)
             if quant:
                 q = _read_e4m3(rd, wname, shp)
                 bn, bk = plan.block
-                sshape = (e_n, -(-shp[1] // bn), -(-h // bk)) if canon_part.endswith("gate_up") else \
-                    (e_n, -(-h // bn), -(-inter // bk))
-                if canon_part.endswith("gate_up") and inter % bn:
+                if is_gu and inter % bn:
                     raise CheckpointError(rd.path(wname), wname, f"moe_intermediate_size {inter} is not a "
                                           f"multiple of the block {bn}: the fused gate/up scales cannot be split")
-                s, sdt = _read_scale(rd, sname, sshape, ue8m0, strict_vllm)
-                if canon_part.endswith("gate_up"):
-                    qg, qu = q.chunk(2, dim=-2)
-                    sg, su = s.chunk(2, dim=-2)
-                    parts = {"gate_proj": dequantize_block(qg, sg, plan.block),
-                             "up_proj": dequantize_block(qu, su, plan.block)}
-                else:
-                    parts = {"down_proj": dequantize_block(q, s, plan.block)}
+                s, sdt = _read_scale(rd, sname, (e_n, -(-shp[1] // bn), -(-shp[2] // bk)), ue8m0, strict_vllm)
+                srows = s.shape[1] // len(names)
                 srcs = [wname, sname]
             else:
-                allowed = (_model_dtype(cfg, rd),)
-                t = _read_plain(rd, wname, shp, allowed, f"layers.{i}.{canon_part}")
-                parts = ({"gate_proj": t[:, :inter], "up_proj": t[:, inter:]} if canon_part.endswith("gate_up")
-                         else {"down_proj": t})
+                raw = _read_stored(rd, wname, shp, (_model_dtype(cfg, rd),), f"layers.{i}.{canon_part}")
                 srcs, sdt = [wname], None
-            for proj, t in parts.items():
+            for j, proj in enumerate(names):
                 cname = f"layers.{i}.mlp.experts.{proj}"
-                weights[cname] = t.contiguous()
+                t = torch.empty((e_n, rows, shp[2]), dtype=torch.float64)
+                for e in range(e_n):  # one expert at a time: no full-size float64 temporaries
+                    if quant:
+                        t[e] = dequantize_block(q[e, j * rows:(j + 1) * rows], s[e, j * srows:(j + 1) * srows],
+                                                plan.block)
+                    else:
+                        t[e] = raw[e, j * rows:(j + 1) * rows]
+                if not quant:
+                    _check_finite(rd.path(wname), wname, t)
+                weights[cname] = t
                 source[cname] = list(srcs)
                 if quant:
                     fp8_src[cname] = Fp8Source(block=plan.block, scale_dtype=sdt)
@@ -538,7 +543,8 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
     for proj in _EXPERT_PROJ:
         cname = f"layers.{i}.mlp.experts.{proj}"
         canon = f"mlp.experts.{proj}"
-        ts, srcs, sdt = [], [], None
+        ts = torch.empty((e_n, *shape_of[proj]), dtype=torch.float64)
+        srcs, sdt = [], None
         for e in range(e_n):
             wname = found.get((i, canon, "weight", ("split", e)))
             if wname is None:
@@ -551,12 +557,12 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
                 n, k = shape_of[proj]
                 s, sdt = _read_scale(rd, sname, (-(-n // plan.block[0]), -(-k // plan.block[1])),
                                      ue8m0, strict_vllm)
-                ts.append(dequantize_block(q, s, plan.block))
+                ts[e] = dequantize_block(q, s, plan.block)
                 srcs += [wname, sname]
             else:
-                ts.append(_read_plain(rd, wname, shape_of[proj], (_model_dtype(cfg, rd),), f"{cname}[{e}]"))
+                ts[e] = _read_plain(rd, wname, shape_of[proj], (_model_dtype(cfg, rd),), f"{cname}[{e}]")
                 srcs.append(wname)
-        weights[cname] = torch.stack(ts)
+        weights[cname] = ts
         source[cname] = srcs
         if quant:
             fp8_src[cname] = Fp8Source(block=plan.block, scale_dtype=sdt)

@@ -113,19 +113,23 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
         plan = mtp_fp8_plan(hf, cfg)
     ue8m0 = quant == "fp8-ue8m0"
 
+    def store_scale(sname: str, s: torch.Tensor) -> torch.Tensor:
+        storage = scale_dtype
+        if storage == "auto":
+            sleaf = parse_layer_name(sname, cfg.num_hidden_layers)[2]
+            storage = "uint8" if vllm_reinterprets_uint8(sleaf) else "float32"
+        return encode_scale(s, ue8m0, storage)
+
     out: dict[str, torch.Tensor] = {}
-    for name, value in to_checkpoint(cfg, weights, naming, experts).items():
+    # routed experts are written expert by expert (no [E, 2I, H] float64 temporaries: real-dims fits)
+    dense = {k: v for k, v in weights.items() if ".mlp.experts." not in k}
+    for name, value in to_checkpoint(cfg, dense, naming, experts).items():
         parsed = parse_layer_name(name, cfg.num_hidden_layers)
         if parsed is None:  # embed_tokens, lm_head
             out[name] = value.to(torch.bfloat16)
             continue
         layer, _, leaf = parsed
-        if leaf.startswith("mlp.experts."):
-            parts = leaf.split(".")  # split: mlp.experts.<e>.<proj>.weight; fused: mlp.experts.<proj>
-            proj = parts[3] if len(parts) == 5 else parts[2]
-            canon = "mlp.experts." + ("gate_proj" if proj == "gate_up_proj" else proj)
-        else:
-            canon = canonical_leaf(leaf)
+        canon = canonical_leaf(leaf)
         assert canon is not None, name
         q = plan is not None and (plan.is_quantized(layer, canon)
                                   or (canon == "indexer.wk" and indexer_wk_fp8))
@@ -135,13 +139,53 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
             continue
         w, s = quantize_weight(value, DEFAULT_BLOCK, ue8m0)
         sname = _scale_name(name, leaf, expert_scale_suffix)
-        storage = scale_dtype
-        if storage == "auto":
-            sleaf = parse_layer_name(sname, cfg.num_hidden_layers)[2]
-            storage = "uint8" if vllm_reinterprets_uint8(sleaf) else "float32"
         out[name] = w
-        out[sname] = encode_scale(s, ue8m0, storage)
+        out[sname] = store_scale(sname, s)
+    for layer in range(cfg.num_mtp_layers):
+        if f"layers.{layer}.mlp.experts.gate_proj" in weights:
+            out.update(_expert_tensors(cfg, weights, layer, naming, experts,
+                                       plan is not None and plan.is_quantized(layer, "mlp.experts.gate_proj"),
+                                       ue8m0, expert_scale_suffix, store_scale))
     return hf, out
+
+
+def _expert_tensors(cfg, weights, layer, naming, experts, quantized, ue8m0, suffix, store_scale):
+    """One MTP layer's routed-expert checkpoint tensors, built one expert at a time."""
+    from .names import layer_prefix
+
+    prefix = layer_prefix(cfg, layer, naming)
+    src = {p: weights[f"layers.{layer}.mlp.experts.{p}"] for p in ("gate_proj", "up_proj", "down_proj")}
+    n_exp = src["gate_proj"].shape[0]
+    out: dict[str, torch.Tensor] = {}
+
+    def one(w: torch.Tensor):
+        if not quantized:
+            return w.to(torch.bfloat16), None
+        return quantize_weight(w, DEFAULT_BLOCK, ue8m0)
+
+    if experts == "split":
+        for e in range(n_exp):
+            for p, v in src.items():
+                name = f"{prefix}mlp.experts.{e}.{p}.weight"
+                w, s = one(v[e])
+                out[name] = w
+                if s is not None:
+                    sname = _scale_name(name, f"mlp.experts.{e}.{p}.weight", suffix)
+                    out[sname] = store_scale(sname, s)
+        return out
+    for fused, parts in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+        ws, ss = [], []
+        for e in range(n_exp):
+            pieces = [one(src[p][e]) for p in parts]
+            ws.append(torch.cat([w for w, _ in pieces], dim=-2))
+            if quantized:
+                ss.append(torch.cat([s for _, s in pieces], dim=-2))
+        name = f"{prefix}mlp.experts.{fused}"
+        out[name] = torch.stack(ws)
+        if quantized:
+            sname = _scale_name(name, f"mlp.experts.{fused}", suffix)
+            out[sname] = store_scale(sname, torch.stack(ss))
+    return out
 
 
 def _shard_names(n: int) -> list[str]:
