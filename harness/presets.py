@@ -6,6 +6,8 @@ H200 with vLLM 0.33.0, see ../shared/gpu-host/README.md):
   qk_rope_head_dim 64;
 - DeepGEMM's indexer logits kernel needs index_n_heads 32 or 64;
 - FlashMLA sparse uses KV cache block size 64 (a runner setting, not config);
+- FlashMLA sparse needs index_topk to be a multiple of 128 (top-k rows are
+  converted to cache slots in blocks of 128; 128, 256, 512 ran on an H200);
 - FP8 block quantization needs every quantized dimension to be a multiple of
   the 128 block (a Fp8LinearMethod check on the partition sizes).
 """
@@ -90,6 +92,10 @@ def check_kernel_constraints(cfg: MTPConfig, quantized: bool = False, tp: int = 
         problems.append(
             f"sparse MLA needs kv_lora_rank + qk_rope_head_dim == 576 "
             f"(got {cfg.kv_lora_rank} + {cfg.qk_rope_head_dim})")
+    if cfg.attention_sparse and cfg.index_topk % 128:
+        # FlashMLA sparse maps top-k rows to cache slots in blocks of 128
+        # (sparse_utils.triton_convert_req_index_to_global_index); measured on an H200.
+        problems.append(f"FlashMLA sparse needs index_topk % 128 == 0 (got {cfg.index_topk})")
     if cfg.attention_sparse and cfg.index_n_heads not in (32, 64):
         problems.append(f"DeepGEMM's indexer logits kernel needs index_n_heads 32 or 64 (got {cfg.index_n_heads})")
     if quantized:

@@ -141,6 +141,9 @@ def attach(model, rec: Recorder) -> list[str]:
             rec.inp(op, "indexer.q_fp8", 1)
             rec.inp(op, "indexer.k", 2)
             rec.inp(op, "indexer.weights", 3)
+            # raw per-head weights (before the q scale is folded in): lets the
+            # harness recover the UE8M0 q scale and compare dequantized q
+            rec.out(sa.indexer.wk_weights_proj, "indexer.kw")
 
             def after_indexer(_m, args, output, _sa=sa):
                 n = args[0].shape[0]

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from harness.production.side_by_side import GPU_CASES, format_rows, run_case
+from harness.production.side_by_side import GPU_CASES, PROBE_CASES, format_rows, run_case
 
 pytestmark = pytest.mark.gpu
 
@@ -57,3 +57,10 @@ def test_post_load_audit_names_a_missing_parameter():
     sess = ProductionSession(hf, num_speculative_tokens=1)
     with pytest.raises(LoadAuditError, match="learnable_sink_param"):
         sess.load(ckpt)
+
+
+def test_index_topk_must_be_a_multiple_of_128():
+    """vLLM 0.33's FlashMLA sparse path converts top-k rows in blocks of 128
+    (triton_convert_req_index_to_global_index): index_topk 4 is refused."""
+    with pytest.raises(AssertionError, match="divisible by"):
+        run_case(PROBE_CASES["probe-topk4"])
