@@ -38,10 +38,8 @@ def _first(x):
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        t = t.float()
-    return t.to("cpu").clone()
+    """A CPU copy in the captured dtype (fp8 stays fp8: compact to store)."""
+    return t.detach().to("cpu").clone()
 
 
 class Recorder:

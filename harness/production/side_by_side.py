@@ -72,11 +72,24 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     # paths and fall back to per-row top-k otherwise; FlashMLA reads topk-wide rows
     GpuCase("tiny-k2-topk512", overrides=(("index_topk", 512),), requests=2, tokens=160, steps=2, seed=9),
     GpuCase("tiny-k2-small-preset", preset="small", requests=2, tokens=40, steps=2, seed=11),
+    GpuCase("tiny-k2-dense-mlp", overrides=(("mlp_layer_types", ["dense", "dense"]),), steps=2, seed=12),
+    GpuCase("tiny-k2-headwise", overrides=(("gating_type", "headwise"),), steps=2, seed=13),
+    # positions past original_max_position_embeddings: the YaRN blend and mscale matter
+    GpuCase("tiny-k2-yarn", overrides=(("rope_parameters", {
+        "rope_type": "deepseek_yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+        "mscale": 1.0, "mscale_all_dim": 1.0}),), requests=2, tokens=150, steps=2, seed=14),
+    # two MTP layers: the proposers never pass spec_step_idx, so layer 0 serves every step
+    GpuCase("tiny-k3-two-mtp-layers", overrides=(("num_nextn_predict_layers", 2),), steps=3, seed=15),
 )}
 
 # Configs the SM90 kernels refuse (kept to document the constraint; expected to raise).
 PROBE_CASES: dict[str, GpuCase] = {c.id: c for c in (
     GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10),
+    # "layers" naming with two MTP layers: the loader recognises only
+    # model.layers.<n + i> for i < max(num_nextn_predict_layers - 1, 1)
+    GpuCase("probe-two-mtp-layers-naming", overrides=(("num_nextn_predict_layers", 2),), steps=2,
+            seed=16, naming="layers"),
 )}
 
 
@@ -109,7 +122,7 @@ def _derive_indexer(trace: dict, cfg: R.MTPConfig, production: bool) -> None:
     c = cfg.index_head_dim ** -0.5 * cfg.index_n_heads ** -0.5
     for key in [k for k in trace if k.endswith(".indexer.q_fp8")]:
         step = key.split(".", 1)[0]
-        q8 = trace[key].double()
+        q8 = trace[key].float().double()
         if production:
             kw = trace.get(f"{step}.indexer.kw")
             folded = trace.get(f"{step}.indexer.weights")
@@ -319,6 +332,13 @@ def versions() -> dict:
     return v
 
 
+def _flush(pending: dict, out: str, n: int) -> None:
+    """Write collected production traces ({case}/{key}) to one safetensors file."""
+    from safetensors.torch import save_file
+    save_file(dict(pending), os.path.join(out, f"prod-traces-{n:02d}.safetensors"))
+    pending.clear()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(GPU_CASES)})")
@@ -335,6 +355,7 @@ def main(argv=None) -> int:
     summary = {"versions": versions(), "cases": []}
     print(json.dumps(summary["versions"]))
     worst = 0
+    pending: dict = {}
     for cid in ids:
         case = GPU_CASES.get(cid) or PROBE_CASES[cid]
         try:
@@ -351,12 +372,15 @@ def main(argv=None) -> int:
               res["router_self_check"], "skipped:", res["skipped"], flush=True)
         print("tokens:", res["tokens"], "timing", {k: round(v, 2) for k, v in res["timing_s"].items()}, flush=True)
         if args.save_traces:
-            from safetensors.torch import save_file
-            save_file({k: v.contiguous() for k, v in res["_prod"].items()},
-                      os.path.join(args.out, f"prod-{cid}.safetensors"))
+            pending.update({f"{cid}/{k}": v.contiguous() for k, v in res["_prod"].items()})
+            size = sum(v.numel() * v.element_size() for v in pending.values())
+            if size > 10_000_000:
+                _flush(pending, args.out, len(os.listdir(args.out)))
         summary["cases"].append({k: v for k, v in res.items() if not k.startswith("_")})
         if not res["passed"]:
             worst = max(worst, 1)
+    if args.save_traces and pending:
+        _flush(pending, args.out, len(os.listdir(args.out)))
     with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
     return worst
