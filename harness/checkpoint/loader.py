@@ -28,7 +28,7 @@ from reference.fp8 import dequantize_block
 from reference.weights import FP32_PARAMS, layer_shapes, shapes
 
 from .errors import CheckpointError
-from .names import checkpoint_leaf, known_leaves, parse_layer_name
+from .names import checkpoint_leaf, known_leaves, layer_prefix, parse_layer_name
 from .quant import Fp8Plan, decode_scale, mtp_fp8_plan, vllm_reinterprets_uint8
 
 INDEX = "model.safetensors.index.json"
@@ -59,6 +59,16 @@ class LoadedCheckpoint:
     fp8: dict[str, Fp8Source] = dataclasses.field(default_factory=dict)
     files_read: list[str] = dataclasses.field(default_factory=list)
     ignored: list[str] = dataclasses.field(default_factory=list)  # MTP names vLLM skips too
+
+    def stored_tensors(self) -> dict[str, torch.Tensor]:
+        """The checkpoint tensors behind ``weights`` as stored (FP8 stays FP8, scales as on disk).
+
+        What vLLM's ``load_weights`` would be fed for the MTP head: every name in
+        ``source`` (embedding, LM head, MTP layers), read again from the files.
+        """
+        where, index_file = _locate(self.path)
+        rd = _Reader(self.path, where, index_file)
+        return {n: rd.read(n)[1] for n in sorted({n for v in self.source.values() for n in v})}
 
     def vllm_weights(self) -> dict[str, torch.Tensor]:
         """``weights`` as vLLM 0.33 holds them after loading, where that differs.
@@ -318,10 +328,9 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
         weights[canon], source[canon] = t, [name]
 
     for i in range(cfg.num_mtp_layers):
-        naming_of = {n for (li, _, _, _), n in found.items() if li == i}
-        some = next(iter(naming_of), None)
-        pfx = (some[: some.index(".", len("model.mtp_layers.")) + 1] if some and some.startswith("model.mtp_layers.")
-               else f"model.layers.{n_hidden + i}." if some else f"model.mtp_layers.{i}.")
+        # name missing tensors the way the layer's other tensors are named
+        some = next((n for k, n in found.items() if k[0] == i), None)
+        pfx = layer_prefix(cfg, i, parse_layer_name(some, n_hidden)[1] if some else "mtp_layers")
         for leaf, shp in layer_want.items():
             cname = f"layers.{i}.{leaf}"
             if leaf.startswith("mlp.experts."):
@@ -584,16 +593,9 @@ def cut_real_case(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, vocab
     loaded = load_checkpoint(ckpt_dir)
     if not 0 < vocab_subset <= loaded.cfg.vocab_size:
         raise ValueError(f"vocab_subset must be in 1..{loaded.cfg.vocab_size}, got {vocab_subset}")
-    root = Path(ckpt_dir)
-    where, index_file = _locate(root)
-    rd = _Reader(root, where, index_file)
-    names = sorted({n for v in loaded.source.values() for n in v})
-    tensors = {}
-    for n in names:
-        _, t = rd.read(n)
-        if n in SHARED:
-            t = t[:vocab_subset].clone()
-        tensors[n] = t
+    tensors = loaded.stored_tensors()
+    for n in SHARED:
+        tensors[n] = tensors[n][:vocab_subset].clone()
     hf = dict(loaded.hf_config)
     hf["vocab_size"] = vocab_subset
     return write_tensors(out_dir, hf, tensors, shards=1, index=True, force=force)

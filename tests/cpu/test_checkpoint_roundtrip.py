@@ -35,6 +35,16 @@ FP8_LEAVES = {"attn.q_a_proj", "attn.kv_a_proj_with_mqa", "attn.q_b_proj", "attn
               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny tensors: intra-op threads only spin against the other CI jobs (3-5x wall time on 2 busy cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
 def _expected_fp8(w: torch.Tensor, ue8m0: bool) -> torch.Tensor:
     q, s = quantize_block(w, (128, 128), ue8m0=ue8m0)
     if not ue8m0:  # the checkpoint stores float32 scales: q is taken against the stored scale
@@ -231,3 +241,16 @@ def test_ue8m0_scale_codecs_round_trip(exp):
         t = encode_scale(s, True, storage)
         assert torch.equal(decode_scale(t, True), s)
     assert torch.equal(ue8m0_decode(encode_scale(s, True, "uint8")), s)
+
+
+def test_stored_tensors_are_the_files_tensors(tmp_path, seed_weights):
+    from safetensors.torch import load_file
+
+    hf, _, w = seed_weights
+    d = write_synthetic(tmp_path / "c", hf, w, quant="fp8-ue8m0", experts="fused", expert_scale_suffix="scale")
+    stored = load_checkpoint(d).stored_tensors()
+    on_disk = load_file(str(d / "model-00001-of-00001.safetensors"))
+    assert set(stored) == set(on_disk)
+    for k, v in on_disk.items():
+        assert stored[k].dtype == v.dtype and torch.equal(stored[k].view(torch.uint8), v.view(torch.uint8)), k
+    assert stored["model.mtp_layers.0.mlp.experts.gate_up_proj.scale"].dtype == torch.uint8
