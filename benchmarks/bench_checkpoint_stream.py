@@ -149,46 +149,63 @@ def _drop_cache(d: Path) -> None:
             os.close(fd)
 
 
+def measure(d: Path) -> dict:
+    """Load ``d`` in this (fresh) process and return what it read and its peak RSS growth."""
+    _drop_cache(d)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM
+    except OSError:
+        pass
+    rss0, io0 = _status("VmRSS"), _io()
+    t0 = time.perf_counter()
+    loaded = load_checkpoint(d)
+    load_s = time.perf_counter() - t0
+    io1, hwm = _io(), _status("VmHWM")
+    return {"load_s": load_s, "files_read": loaded.files_read, "tensors": len(loaded.weights),
+            "canonical_bytes": sum(t.numel() * t.element_size() for t in loaded.weights.values()),
+            "rchar": io1.get("rchar", 0) - io0.get("rchar", 0),
+            "read_bytes": io1.get("read_bytes", 0) - io0.get("read_bytes", 0),
+            "touched": (io1["faults"] - io0["faults"]) * resource.getpagesize(),
+            "peak_rss_growth": max(hwm - rss0, 0)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="small", choices=("tiny", "small", "real-dims"))
     ap.add_argument("--quant", default="fp8", choices=("bf16", "fp8", "fp8-ue8m0"))
     ap.add_argument("--backbone-gib", type=float, default=8.0)
     ap.add_argument("--mixed-gib", type=float, default=2.0)
+    ap.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)  # the child process
     args = ap.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(Path(args.measure))))
+        return 0
+    import subprocess
+
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
         t0 = time.perf_counter()
         d, mtp_bytes, backbone_bytes = build(Path(tmp), args.preset, args.quant, args.backbone_gib, args.mixed_gib)
         disk = sum(p.stat().st_blocks * 512 for p in d.iterdir())
         build_s = time.perf_counter() - t0
-        _drop_cache(d)
-        try:
-            Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM
-        except OSError:
-            pass
-        rss0, io0 = _status("VmRSS"), _io()
-        t0 = time.perf_counter()
-        loaded = load_checkpoint(d)
-        load_s = time.perf_counter() - t0
-        io1, hwm = _io(), _status("VmHWM")
-        canon = sum(t.numel() * t.element_size() for t in loaded.weights.values())
-        rchar = io1.get("rchar", 0) - io0.get("rchar", 0)
-        rbytes = io1.get("read_bytes", 0) - io0.get("read_bytes", 0)
-        touched = (io1["faults"] - io0["faults"]) * resource.getpagesize()
-        peak = max(hwm - rss0, 0)
-        print(f"checkpoint: preset {args.preset}, quant {args.quant}, {len(loaded.weights)} canonical tensors, "
-              f"files read {loaded.files_read}")
+        # a fresh process, so that the build's freed memory does not hide the load's RSS
+        out = subprocess.run([sys.executable, __file__, "--measure", str(d)], check=True,
+                             capture_output=True, text=True).stdout
+        m = json.loads(out.strip().splitlines()[-1])
+        canon, rchar, rbytes = m["canonical_bytes"], m["rchar"], m["read_bytes"]
+        touched, peak = m["touched"], m["peak_rss_growth"]
+        print(f"checkpoint: preset {args.preset}, quant {args.quant}, {m['tensors']} canonical tensors, "
+              f"files read {m['files_read']}")
         print(f"MTP tensor bytes (stored)   {mtp_bytes / 2**20:10.2f} MiB")
         print(f"backbone bytes (holes)      {backbone_bytes / 2**20:10.2f} MiB  (on disk for the whole "
               f"checkpoint: {disk / 2**20:.2f} MiB)")
         print(f"canonical float64 bytes     {canon / 2**20:10.2f} MiB")
-        print(f"load time                   {load_s:10.3f} s   (build {build_s:.1f} s)")
+        print(f"load time                   {m['load_s']:10.3f} s   (build {build_s:.1f} s)")
         print(f"rchar (read syscalls)       {rchar / 2**20:10.2f} MiB  ratio {rchar / mtp_bytes:7.3f}")
         print(f"read_bytes (block device)   {rbytes / 2**20:10.2f} MiB  ratio {rbytes / mtp_bytes:7.3f}")
         print(f"page faults x page size     {touched / 2**20:10.2f} MiB  ratio {touched / mtp_bytes:7.3f}")
         print(f"peak RSS growth             {peak / 2**20:10.2f} MiB  ratio {peak / mtp_bytes:7.3f}"
               f"  (float64 canonical / stored = {canon / mtp_bytes:.2f})")
-        ok = "model-backbone.safetensors" not in loaded.files_read and peak < backbone_bytes / 10
+        ok = "model-backbone.safetensors" not in m["files_read"] and peak < backbone_bytes / 10
         print("backbone untouched:", "yes" if ok else "NO")
         return 0 if ok else 1
 
