@@ -38,7 +38,9 @@ def test_production_matches_reference(case_id):
     result = run_case(GPU_CASES[case_id])
     _record(result)
     print(format_rows(result))
-    assert not result["audit"], result["audit"]
+    known = GPU_CASES[case_id].known_audit
+    unexpected = [p for p in result["audit"] if not any(k in p for k in known)]
+    assert not unexpected, unexpected
     assert result["passed"], f"first divergent: {result['first_divergent']}\n{format_rows(result)}"
 
 
@@ -64,3 +66,12 @@ def test_index_topk_must_be_a_multiple_of_128():
     (triton_convert_req_index_to_global_index): index_topk 4 is refused."""
     with pytest.raises(AssertionError, match="divisible by"):
         run_case(PROBE_CASES["probe-topk4"])
+
+
+def test_layers_naming_with_two_mtp_layers_leaves_layer_1_unloaded():
+    """vLLM 0.33's loader recognises model.layers.<n+i> only for i < max(n_predict - 1, 1):
+    with num_nextn_predict_layers=2 the second MTP layer gets no weights. The
+    audit must name them (vLLM itself only logs a warning)."""
+    from harness.production.audit import LoadAuditError
+    with pytest.raises(LoadAuditError, match=r"model\.layers\.3\.mtp_block"):
+        run_case(PROBE_CASES["probe-two-mtp-layers-naming"])
