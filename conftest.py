@@ -8,6 +8,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from harness.runtime import cannot_run_production_reason
+
 settings.register_profile(
     "ci", derandomize=True, max_examples=20, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow], print_blob=True)
@@ -35,27 +37,13 @@ def pytest_configure(config):
     settings.load_profile(profile)
 
 
-def _gpu_skip_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device (GPU tests run with -m gpu on an H100/H200)"
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means no production path
-        return f"vLLM does not import here: {exc.__class__.__name__}: {exc}"
-    return None
-
-
 def pytest_collection_modifyitems(config, items):
     gpu_reason = None
     checked = False
     for item in items:
         if item.get_closest_marker("gpu") or item.get_closest_marker("multigpu"):
             if not checked:
-                gpu_reason, checked = _gpu_skip_reason(), True
+                gpu_reason, checked = cannot_run_production_reason(), True
             if gpu_reason:
                 item.add_marker(pytest.mark.skip(reason=gpu_reason))
             elif item.get_closest_marker("multigpu"):

@@ -21,16 +21,6 @@ SHARD = "model-00001-of-00001.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only spin against the other CI jobs (3-5x wall time on 2 busy cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     root = tmp_path_factory.mktemp("bases")

@@ -35,16 +35,6 @@ FP8_LEAVES = {"attn.q_a_proj", "attn.kv_a_proj_with_mqa", "attn.q_b_proj", "attn
               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only spin against the other CI jobs (3-5x wall time on 2 busy cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-
 def _expected_fp8(w: torch.Tensor, ue8m0: bool) -> torch.Tensor:
     q, s = quantize_block(w, (128, 128), ue8m0=ue8m0)
     if not ue8m0:  # the checkpoint stores float32 scales: q is taken against the stored scale

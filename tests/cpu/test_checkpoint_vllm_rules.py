@@ -32,16 +32,6 @@ deepseek_v2 = pytest.importorskip("vllm.model_executor.models.deepseek_v2")
 VOCAB = 128
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only spin against the other CI jobs (3-5x wall time on 2 busy cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-
 def _vllm_quant_config(hf: dict, cfg: MTPConfig):
     qc = mtp._create_mtp_quant_config(types.SimpleNamespace(**hf))
     return mtp._remap_mtp_quant_exclusions(qc, cfg.num_hidden_layers, cfg.num_mtp_layers)
