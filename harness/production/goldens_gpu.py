@@ -1,0 +1,100 @@
+"""Production goldens: vLLM's own trace of a GPU case, recorded on a known-good
+vLLM and platform, checked with tolerances far tighter than the reference's.
+
+They catch production drift that the reference tolerance (bf16 / FP8 noise)
+would hide, e.g. a kernel change of one bf16 ulp. A golden belongs to its
+platform (GPU model, torch, CUDA, vLLM): on another one the check reports "no
+golden for this platform" instead of failing.
+
+    python -m harness.production.goldens_gpu record --root DIR [--case ID ...]
+    python -m harness.production.goldens_gpu check [--case ID ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from harness import goldens
+from harness.compare import Report, Tolerance, compare_traces
+
+KIND = "production"
+GOLDEN_CASES = ("tiny-k3-share", "tiny-k2-long")
+# Components stored (small, and spanning the dataflow): tensors of one step.
+STORED = ("eh_proj", "attn.kv_c", "indexer.topk", "attn.topk", "attn.core", "attn.out", "moe.router_logits",
+          "moe.topk_ids", "moe.topk_weights", "mlp.out", "final_norm", "logits", "draft_token")
+# Same platform, same inputs: the kernels should reproduce themselves. bf16
+# values: any change is >= 1 ulp = 2^-8 relative, so rtol 2^-10 flags it;
+# fp32 values (router logits, logits, top-k weights): 1e-6 relative absorbs
+# reduction-order jitter of split-K kernels, nothing more.
+TIGHT = {
+    "bf16": Tolerance(0.0, 2.0**-10, "none: any bf16 change is one ulp (2^-8) or more"),
+    "fp32": Tolerance(1e-7, 1e-6, "fp32 reduction-order jitter only"),
+}
+
+
+def platform() -> dict:
+    import vllm
+
+    return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "vllm": vllm.__version__}
+
+
+def _subset(prod: dict) -> dict:
+    return {k: v.detach().cpu().contiguous() for k, v in prod.items() if k.split(".", 1)[1] in STORED}
+
+
+def _tolerances(stored: dict) -> dict:
+    out = {}
+    for key, v in stored.items():
+        comp = key.split(".", 1)[1]
+        out[comp] = TIGHT["fp32" if v.dtype in (torch.float32, torch.float64) else "bf16"]
+    return out
+
+
+def record(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Path:
+    return goldens.write(KIND, case_id, _subset(prod), {
+        "case": case_id, "platform": platform(), "versions": platform(),
+        "components": list(STORED), "tolerance": {k: [t.atol, t.rtol] for k, t in TIGHT.items()}})
+
+
+def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Report | None:
+    """Report vs the stored golden; None when there is no golden for this platform."""
+    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
+    if entry is None or entry.get("platform") != platform():
+        return None
+    stored, _ = goldens.load(KIND, case_id, root)
+    now = _subset(prod)
+    report = compare_traces(now, stored, _tolerances(stored), components=STORED)
+    report.meta.update(case=case_id, kind=KIND)
+    return report
+
+
+def main(argv=None) -> int:
+    from .side_by_side import GPU_CASES, run_case
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=("record", "check"))
+    ap.add_argument("--case", action="append")
+    ap.add_argument("--root", default=str(goldens.ROOT))
+    args = ap.parse_args(argv)
+    status = 0
+    for cid in args.case or GOLDEN_CASES:
+        result = run_case(GPU_CASES[cid])
+        if args.action == "record":
+            print(f"recorded {record(cid, result['_prod'], Path(args.root))}")
+            continue
+        rep = check_production_golden(cid, result["_prod"], Path(args.root))
+        if rep is None:
+            print(f"{cid}: no golden for this platform {platform()}")
+            continue
+        print(rep.table())
+        status |= 0 if rep.passed else 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
