@@ -58,7 +58,7 @@ def _tolerances(stored: dict) -> dict:
 def record(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Path:
     return goldens.write(KIND, case_id, _subset(prod), {
         "case": case_id, "platform": platform(), "versions": platform(),
-        "components": list(STORED), "tolerance": {k: [t.atol, t.rtol] for k, t in TIGHT.items()}})
+        "components": list(STORED), "tolerance": {k: [t.atol, t.rtol] for k, t in TIGHT.items()}}, root)
 
 
 def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Report | None:
