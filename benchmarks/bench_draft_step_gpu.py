@@ -1,6 +1,11 @@
 """Wall time of one production draft step (vLLM HYV4MTP, module level) on the GPU.
 
     python benchmarks/bench_draft_step_gpu.py [--preset tiny] [--requests 8] [--tokens 64] [--steps 3]
+        [--reference-repeats N]
+
+With --reference-repeats N > 0 it also times the float64 reference
+(``reference.draft``, CPU) on the same case in the same run and prints the
+ratio reference / production per draft run (all K steps).
 
 Times ``ProductionSession.run`` (metadata build + forward + logits + hooks off
 the hot path is NOT possible here: hooks copy to CPU, so this is an upper
@@ -28,12 +33,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reference-repeats", type=int, default=0)
     a = ap.parse_args()
     hf = preset(a.preset)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, 0, a.requests, a.tokens)
     sess = ProductionSession(hf, num_speculative_tokens=a.steps, max_num_batched_tokens=4096)
-    sess.load(to_checkpoint(cfg, R.random_weights(cfg, 0)))
+    weights = R.random_weights(cfg, 0)
+    sess.load(to_checkpoint(cfg, weights))
     sess.run(first, a.steps)  # warm-up: JIT kernels, workspaces
     times = []
     for _ in range(a.repeats):
@@ -42,9 +49,19 @@ def main() -> None:
         sess.run(first, a.steps)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    print(json.dumps({"preset": a.preset, "tokens_step0": int(first.input_ids.numel()), "steps": a.steps,
-                      "run_s_min": min(times), "run_s_median": sorted(times)[len(times) // 2],
-                      "gpu": torch.cuda.get_device_name(0)}))
+    out = {"preset": a.preset, "tokens_step0": int(first.input_ids.numel()), "steps": a.steps,
+           "run_s_min": min(times), "run_s_median": sorted(times)[len(times) // 2],
+           "gpu": torch.cuda.get_device_name(0)}
+    if a.reference_repeats > 0:
+        ref_times = []
+        for _ in range(a.reference_repeats):
+            t = time.perf_counter()
+            R.draft(cfg, weights, first, a.steps, R.EXACT)
+            ref_times.append(time.perf_counter() - t)
+        out.update(reference_s_median=sorted(ref_times)[len(ref_times) // 2],
+                   reference_threads=torch.get_num_threads(),
+                   ratio_reference_over_production=sorted(ref_times)[len(ref_times) // 2] / out["run_s_median"])
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
