@@ -24,7 +24,8 @@ class DraftCache:
         self._store: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
 
     def write(self, layer: int, request: int, position: int, **entries: torch.Tensor) -> None:
-        slot = self._store.setdefault((layer, request), {"written": torch.zeros(0, dtype=torch.bool)})
+        device = next(iter(entries.values())).device
+        slot = self._store.setdefault((layer, request), {"written": torch.zeros(0, dtype=torch.bool, device=device)})
         cap = slot["written"].numel()
         if position >= cap:
             grow = max(position + 1, 2 * cap) - cap
@@ -33,7 +34,7 @@ class DraftCache:
             cap += grow
         for name, value in entries.items():
             if name not in slot:
-                slot[name] = torch.zeros((cap, *value.shape), dtype=value.dtype)
+                slot[name] = torch.zeros((cap, *value.shape), dtype=value.dtype, device=value.device)
             slot[name][position] = value
         slot["written"][position] = True
 

@@ -88,7 +88,7 @@ def quantize_block(w: torch.Tensor, block: tuple[int, int] = (128, 128),
     bn, bk = block
     *lead, n, k = w.shape
     nb, kb = -(-n // bn), -(-k // bk)
-    wp = torch.zeros(*lead, nb * bn, kb * bk, dtype=torch.float64)
+    wp = torch.zeros(*lead, nb * bn, kb * bk, dtype=torch.float64, device=w.device)
     wp[..., :n, :k] = w.to(torch.float64)
     tiles = wp.reshape(*lead, nb, bn, kb, bk)
     amax = tiles.abs().amax(dim=(-3, -1))

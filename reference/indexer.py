@@ -84,6 +84,6 @@ def select_topk(score: torch.Tensor, k: int) -> torch.Tensor:
     """
     s = score.numel()
     order = torch.sort(score, descending=True, stable=True).indices[:k]
-    out = torch.full((k,), -1, dtype=torch.long)
+    out = torch.full((k,), -1, dtype=torch.long, device=score.device)
     out[: min(k, s)] = order
     return out

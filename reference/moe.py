@@ -59,7 +59,7 @@ def routed(cfg: MTPConfig, lw: dict, x: torch.Tensor, ids: torch.Tensor, w: torc
     the experts in ``experts`` at their global ids (EP).
     """
     t, h = x.shape
-    acc = torch.zeros(t, h, dtype=num.fp32)
+    acc = torch.zeros(t, h, dtype=num.fp32, device=x.device)
     limit = clamp_limit(cfg)
     wanted = range(cfg.n_routed_experts) if experts is None else experts
     for e in torch.unique(ids).tolist():

@@ -44,12 +44,15 @@ class StepInput:
     hidden: torch.Tensor  # [T, H] previous hidden states
     request: torch.Tensor  # [T] long, request index of each token
 
+    def to(self, device) -> "StepInput":
+        return StepInput(*(t.to(device) for t in (self.input_ids, self.positions, self.hidden, self.request)))
+
     def last_rows(self) -> torch.Tensor:
         """Row of each request's last token, in request order: [R]."""
         rows = []
         for r in torch.unique(self.request).tolist():
             rows.append(int(torch.nonzero(self.request == r).max()))
-        return torch.tensor(rows, dtype=torch.long)
+        return torch.tensor(rows, dtype=torch.long, device=self.request.device)
 
 
 def layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
@@ -75,6 +78,7 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
     tr: OrderedDict[str, torch.Tensor] = OrderedDict()
     ids, pos, req = inp.input_ids, inp.positions, inp.request
     t = ids.numel()
+    dev = ids.device
 
     emb = num.store(lw["embed_tokens"][ids])
     tr["embed"] = emb
@@ -99,10 +103,10 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
         for i in range(t):
             cache.write(layer, int(req[i]), int(pos[i]), index_k=deq_k[i])
         span = int(pos.max()) + 1
-        score_rows = torch.full((t, span), float("-inf"), dtype=torch.float64)
-        rows = torch.empty((t, cfg.index_topk), dtype=torch.long)
+        score_rows = torch.full((t, span), float("-inf"), dtype=torch.float64, device=dev)
+        rows = torch.empty((t, cfg.index_topk), dtype=torch.long, device=dev)
         for i in range(t):
-            visible = torch.arange(int(pos[i]) + 1)
+            visible = torch.arange(int(pos[i]) + 1, device=dev)
             keys = cache.read(layer, int(req[i]), visible, "index_k")
             s = indexer.scores(idx["q_fp8"][i], idx["weights"][i], keys)
             score_rows[i, : s.numel()] = s
@@ -123,9 +127,9 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
         c, w = sh.cfg, sh.weights
         q = attention.queries(c, w, lat["q_c"], pos, num)
         sink = w.get("attn.sink") if cfg.learnable_sink else None
-        core = torch.empty((t, c.num_attention_heads * c.v_head_dim), dtype=num.act)
+        core = torch.empty((t, c.num_attention_heads * c.v_head_dim), dtype=num.act, device=dev)
         for i in range(t):
-            keys = (torch.arange(int(pos[i]) + 1) if rows is None else rows[i][rows[i] >= 0])
+            keys = (torch.arange(int(pos[i]) + 1, device=dev) if rows is None else rows[i][rows[i] >= 0])
             kv_c = cache.read(layer, int(req[i]), keys, "kv_c")
             k_pe = cache.read(layer, int(req[i]), keys, "k_pe")
             core[i] = attention.attend(c, w, q[i], kv_c, k_pe, sink, num)

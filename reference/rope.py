@@ -51,7 +51,7 @@ def mscale(cfg: RopeConfig) -> float:
 
 def cos_sin(cfg: RopeConfig, dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [T, dim/2] (float64), magnitude-scaled."""
-    angles = positions.to(torch.float64)[:, None] * inv_freq(cfg, dim)[None, :]
+    angles = positions.to(torch.float64)[:, None] * inv_freq(cfg, dim).to(positions.device)[None, :]
     m = mscale(cfg)
     return torch.cos(angles) * m, torch.sin(angles) * m
 
