@@ -136,6 +136,12 @@ def cmd_bisect_check(args) -> int:
     return bisect_command(args)
 
 
+def cmd_mutants(args) -> int:
+    from .mutants import mutants_command
+
+    return mutants_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--case", action="append", default=None, metavar="ID")
     b.add_argument("--report", default=None)
     b.set_defaults(func=cmd_bisect_check)
+
+    mu = sub.add_parser("mutants", help="apply known-bug mutants to vLLM in process; 0 all detected, 1 not, 125")
+    from .mutants import add_arguments as add_mutant_arguments
+    add_mutant_arguments(mu)
+    mu.set_defaults(func=cmd_mutants)
 
     m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens")
     m.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny")

@@ -1,0 +1,39 @@
+"""GPU tier: every catalogued mutant of vLLM's HYV4MTP must be caught by the
+side-by-side verdict (harness.mutants; ``python -m harness mutants`` runs the
+same catalogue as one command with a JSON report)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from harness import mutants as M
+from harness.runtime import cannot_run_production_reason
+
+_REASON = cannot_run_production_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=f"production cannot run: {_REASON}")]
+
+_OUT = os.environ.get("HYV4_GPU_OUT") or os.environ.get("OUT")
+_CONTROLS: dict = {}
+
+
+def _control(case_id: str) -> dict:
+    if case_id not in _CONTROLS:
+        _CONTROLS[case_id] = M.run_control(case_id)
+    return _CONTROLS[case_id]
+
+
+@pytest.mark.parametrize("name", [m.name for m in M.CATALOGUE])
+def test_mutant_detected(name):
+    m = M.BY_NAME[name]
+    control = _control(m.case)
+    assert control["passed"], f"control run of {m.case} fails unmutated: {control}"
+    rec = M.run_mutant(m, control)
+    if _OUT:
+        os.makedirs(_OUT, exist_ok=True)
+        with open(os.path.join(_OUT, "gpu_mutants.jsonl"), "a") as f:
+            f.write(json.dumps({k: v for k, v in rec.items() if k != "traceback"}, default=str) + "\n")
+    assert rec["outcome"] != "not-applicable", f"{name}: {rec.get('error')}"
+    assert rec["detected"], f"{name} missed: {rec}"
