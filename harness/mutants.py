@@ -256,12 +256,13 @@ def _neox_copy(ctx: Ctx, rope):
     if getattr(rope, "is_neox_style", None) is not False:
         raise MutantNotApplicable(f"{type(rope).__name__}.is_neox_style is {getattr(rope, 'is_neox_style', None)!r}")
     cache = need(rope, "cos_sin_cache", type(rope).__name__)
-    cfg = ctx.session.vllm_config.speculative_config.draft_model_config.hf_config
-    with set_current_vllm_config(ctx.session.vllm_config):
+    vc = ctx.session.vllm_config
+    draft = getattr(getattr(getattr(vc, "speculative_config", None), "draft_model_config", None), "hf_config", None)
+    params = getattr(draft, "rope_parameters", None) or ctx.hf["rope_parameters"]
+    with set_current_vllm_config(vc):
         new = re_mod.get_rope(int(ctx.hf["qk_rope_head_dim"]),
-                              max_position=int(ctx.attn.max_position_embeddings),
-                              is_neox_style=True, rope_parameters=dict(cfg.rope_parameters),
-                              dtype=cache.dtype)
+                              max_position=int(getattr(ctx.attn, "max_position_embeddings", 8192)),
+                              is_neox_style=True, rope_parameters=dict(params), dtype=cache.dtype)
     new = new.to(cache.device)
     if not new.is_neox_style or new is rope:
         raise MutantNotApplicable("get_rope did not return a NeoX-style twin")
