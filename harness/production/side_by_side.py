@@ -1,6 +1,10 @@
 """Reference vs vLLM's production ``HYV4MTP``: run one case both ways and compare.
 
-    python -m harness.production.side_by_side [--case ID ...] [--out DIR]
+    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--out DIR] [--save-traces]
+    python -m harness.production.side_by_side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
+
+``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``); tolerances are
+``tolerances.tolerances_for(case.quant)``.
 
 The verdict is against the EXACT (float64) reference with ``compare.VS_PRODUCTION``
 tolerances; the table also shows the max abs error against the reference run
@@ -13,9 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import glob
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -48,12 +56,63 @@ class GpuCase:
     steps: int = 2
     naming: str = "mtp_layers"
     experts: str = "split"
+    # checkpoint quantization (harness.checkpoint.quant.QUANTS): "bf16", "fp8"
+    # (block FP8, float32 weight_scale_inv) or "fp8-ue8m0" (power-of-two scales)
+    quant: str = "bf16"
+    # FP8 routed-expert scale names: "weight_scale_inv" (fused: _scale_inv) or
+    # "scale" (vLLM renames .scale -> .weight_scale_inv, uint8 bytes -> e8m0)
+    expert_scale_suffix: str = "weight_scale_inv"
     # substrings of post-load audit problems that are known production issues:
     # such a case loads non-strictly and the test accepts exactly those problems
     known_audit: tuple = ()
 
     def hf_config(self) -> dict:
+        """The preset's config with the overrides (no quantization fields: see ``case_inputs``)."""
         return preset(self.preset, **dict(self.overrides))
+
+
+@functools.lru_cache(maxsize=4)
+def _case_inputs(case_id: str, case_json: str):
+    case = _case_from_dict(json.loads(case_json))
+    hf = case.hf_config()
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    weights = R.random_weights(cfg, case.seed)
+    if case.quant == "bf16":
+        return hf, to_checkpoint(cfg, weights, case.naming, case.experts), weights
+    # FP8: write the synthetic checkpoint and read it back like any real one, so
+    # production gets the stored tensors (e4m3 + scales) and the reference the
+    # exact dequantized weights vLLM holds after loading.
+    from harness.checkpoint.loader import load_checkpoint
+    from harness.checkpoint.synth import write_synthetic
+    tmp = tempfile.mkdtemp(prefix=f"hyv4-{case_id}-")
+    try:
+        path = write_synthetic(os.path.join(tmp, "ckpt"), hf, weights, naming=case.naming,
+                               experts=case.experts, quant=case.quant,
+                               expert_scale_suffix=case.expert_scale_suffix)
+        loaded = load_checkpoint(path)
+        return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def case_inputs(case: GpuCase) -> tuple[dict, dict, dict]:
+    """(HF config, checkpoint tensors for vLLM's load_weights, reference weights) of ``case``.
+
+    bf16: the preset config, unquantized checkpoint tensors (cast to bf16/fp32
+    by the runner) and the seeded canonical weights. FP8: the config with
+    ``mtp_quant_algo: FP8`` + ``quantization_config`` (as ``write_synthetic``
+    writes it), the tensors as stored (FP8 stays FP8) and
+    ``LoadedCheckpoint.vllm_weights()``.
+    """
+    return _case_inputs(case.id, json.dumps(dataclasses.asdict(case), sort_keys=True))
+
+
+def _case_from_dict(d: dict) -> GpuCase:
+    """Inverse of ``dataclasses.asdict`` (JSON lists back to the tuples the case holds)."""
+    d = dict(d)
+    d["overrides"] = tuple((k, v) for k, v in d.get("overrides", ()))
+    d["known_audit"] = tuple(d.get("known_audit", ()))
+    return GpuCase(**d)
 
 
 # Kept small enough for one H200 call; R <= 3 so no length-1 request lands
@@ -89,7 +148,16 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     GpuCase("tiny-k2-two-mtp-layers", overrides=(("num_nextn_predict_layers", 2),), steps=2, seed=15,
             known_audit=("model.layers.3.shared_head.head.weight",)),
     GpuCase("tiny-k3-batch8", requests=8, tokens=64, steps=3, seed=17),
+    # FP8 checkpoints (mtp_quant_algo FP8, 128x128 blocks): production loads the
+    # stored e4m3 weights + scales through vLLM's FP8 paths (Fp8LinearMethod,
+    # Fp8MoEMethod, FP8 indexer wk dequant); the reference runs on the exact
+    # dequantized weights. Contexts (160, 157) longer than index_topk 128.
+    GpuCase("tiny-k2-fp8-split-long", requests=2, tokens=160, steps=2, seed=18, quant="fp8"),
+    GpuCase("tiny-k2-fp8-ue8m0-fused-scale-long", requests=2, tokens=160, steps=2, seed=19,
+            quant="fp8-ue8m0", experts="fused", expert_scale_suffix="scale"),
 )}
+
+FP8_CASE_IDS = tuple(c.id for c in GPU_CASES.values() if c.quant != "bf16")
 
 # Configs the SM90 kernels refuse (kept to document the constraint; expected to raise).
 PROBE_CASES: dict[str, GpuCase] = {c.id: c for c in (
@@ -230,10 +298,8 @@ def run_case(case: GpuCase, *, session_kw: dict | None = None) -> dict:
     """Run ``case`` on production, replay the reference on its inputs, compare; result dict (tensors included)."""
     from harness.production.runner import ProductionSession
 
-    hf = case.hf_config()
+    hf, ckpt, _ = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
-    weights = R.random_weights(cfg, case.seed)
-    ckpt = to_checkpoint(cfg, weights, case.naming, case.experts)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     t0 = time.perf_counter()
     sess = ProductionSession(hf, num_speculative_tokens=case.steps, **(session_kw or {}))
@@ -246,18 +312,56 @@ def run_case(case: GpuCase, *, session_kw: dict | None = None) -> dict:
     info = {"audit": sess.audit_problems, "attach_notes": sess.attach_notes,
             "step_notes": [dataclasses.asdict(n) for n in sess.notes],
             "timing_s": {"build": t_build, "load": t_load, "run": t_run}}
+    if case.quant != "bf16":
+        try:
+            info["fp8_kernels"] = fp8_kernel_notes(sess.model)
+        except Exception as exc:  # noqa: BLE001 - notes must not cost the verdict
+            info["fp8_kernels"] = {"error": f"{exc.__class__.__name__}: {exc}"}
     return judge(case, prod, info)
 
 
-def judge(case: GpuCase, prod: dict, info: dict) -> dict:
-    """Compare a production trace of ``case`` with the reference replayed on its inputs."""
+def fp8_kernel_notes(model) -> dict:
+    """Which FP8 kernels production picked (for the report): linear kernel classes,
+    the MoE backend, the DeepGEMM UE8M0 switch and the weight/scale dtypes after loading."""
+    notes: dict = {k: os.environ.get(k) for k in ("VLLM_USE_DEEP_GEMM_E8M0", "VLLM_USE_DEEP_GEMM",
+                                                  "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER")}
+    try:
+        from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used, is_deep_gemm_supported
+        notes["deep_gemm_supported"] = bool(is_deep_gemm_supported())
+        notes["deep_gemm_e8m0_used"] = bool(is_deep_gemm_e8m0_used())
+    except Exception as exc:  # noqa: BLE001 - notes only
+        notes["deep_gemm"] = f"{exc.__class__.__name__}: {exc}"
+    layers = {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        if qm is None:
+            continue
+        d = {"method": type(qm).__name__}
+        if hasattr(qm, "fp8_linear"):
+            d["kernel"] = type(qm.fp8_linear).__name__
+        if hasattr(qm, "fp8_backend"):
+            d["backend"] = str(getattr(qm.fp8_backend, "value", qm.fp8_backend))
+        for pname, p in mod.named_parameters(recurse=False):
+            if "scale" in pname or p.dtype == torch.float8_e4m3fn:
+                d[pname] = str(p.dtype).removeprefix("torch.")
+        layers[name] = d
+    notes["layers"] = layers
+    return notes
+
+
+def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = None) -> dict:
+    """Compare a production trace of ``case`` with the reference replayed on its inputs.
+
+    The reference weights are ``case_inputs(case)[2]`` (FP8: the exact
+    dequantized checkpoint); tolerances default to ``tolerances_for(case.quant)``.
+    """
     from harness import compare
     from harness.production.replay import replay
-    from harness.production.tolerances import GPU_VS_REFERENCE
+    from harness.production.tolerances import tolerances_for
 
-    hf = case.hf_config()
+    hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
-    weights = R.random_weights(cfg, case.seed)
+    tols = tolerances if tolerances is not None else tolerances_for(case.quant)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     prod = dict(prod)
     t1 = time.perf_counter()
@@ -289,7 +393,7 @@ def judge(case: GpuCase, prod: dict, info: dict) -> dict:
     last = first.last_rows().tolist()
     sampled = [last] + [list(range(len(last)))] * (case.steps - 1)
     ties = _routing_ties(prod_cmp, ref, weights, case.steps, sampled)
-    report = compare.compare_traces(prod_cmp, ref, GPU_VS_REFERENCE, components=PRODUCTION_COMPONENTS)
+    report = compare.compare_traces(prod_cmp, ref, tols, components=PRODUCTION_COMPONENTS)
     rows = []
     for r in report.results:
         key = r.name
@@ -319,7 +423,7 @@ def judge(case: GpuCase, prod: dict, info: dict) -> dict:
     timing = dict(info.get("timing_s", {}))
     timing["reference"] = t_ref
     return {
-        "case": dataclasses.asdict(case), "passed": report.passed,
+        "case": dataclasses.asdict(case), "quant": case.quant, "passed": report.passed,
         "first_divergent": report.first_divergent.name if report.first_divergent else None,
         "table": report.table(), "rows": rows,
         "audit": info.get("audit", []), "attach_notes": info.get("attach_notes", []),
@@ -330,8 +434,8 @@ def judge(case: GpuCase, prod: dict, info: dict) -> dict:
         "layer_policy": layer_policy,
         "tokens": {"production": prod_tokens, "reference_free_running": free_tokens,
                    "agree": prod_tokens == free_tokens},
-        "timing_s": timing,
-        "prod_keys": sorted(prod), "_prod": prod, "_ref": ref, "_report": report,
+        "timing_s": timing, "fp8_kernels": info.get("fp8_kernels"),
+        "prod_keys": sorted(prod), "_prod": prod, "_ref": ref, "_prod_cmp": prod_cmp, "_report": report,
     }
 
 
@@ -363,23 +467,93 @@ def _flush(pending: dict, out: str, n: int) -> None:
     pending.clear()
 
 
+def _trace_tensors(cid: str, prod: dict) -> dict:
+    """{case}/{key} -> an own contiguous CPU copy (safetensors refuses shared storage)."""
+    return {f"{cid}/{k}": v.detach().cpu().contiguous().clone() for k, v in prod.items()
+            if torch.is_tensor(v)}
+
+
+def load_saved_traces(out_dir: str) -> dict[str, dict[str, torch.Tensor]]:
+    """{case id: production trace} from the prod-traces-*.safetensors files of ``out_dir``."""
+    from safetensors.torch import load_file
+    traces: dict[str, dict] = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, "prod-traces-*.safetensors"))):
+        for key, v in load_file(path).items():
+            cid, k = key.split("/", 1)
+            traces.setdefault(cid, {})[k] = v
+    return traces
+
+
+def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int, list[dict]]:
+    """Re-run the reference + judge on CPU for production traces saved by ``--save-traces``.
+
+    Reads ``side_by_side.json`` (case definitions, audit and step notes) and the
+    ``prod-traces-*.safetensors`` of ``in_dir``; writes ``rejudge.json`` into
+    ``out_dir`` (default ``in_dir``). Returns (exit code, results).
+    """
+    with open(os.path.join(in_dir, "side_by_side.json")) as f:
+        summary = json.load(f)
+    traces = load_saved_traces(in_dir)
+    results, worst = [], 0
+    for entry in summary.get("cases", []):
+        cid = entry["case"]["id"]
+        if case_ids and cid not in case_ids:
+            continue
+        if "error" in entry or cid not in traces:
+            print(f"== {cid}: no saved production trace ({'error in the GPU run' if 'error' in entry else 'missing'})")
+            results.append({"case": entry["case"], "error": "no saved production trace"})
+            worst = max(worst, 1)
+            continue
+        case = _case_from_dict(entry["case"])
+        info = {k: entry.get(k) for k in ("audit", "attach_notes", "step_notes", "fp8_kernels")
+                if entry.get(k) is not None}
+        info["timing_s"] = {}
+        res = judge(case, traces[cid], info)
+        print(format_rows(res), flush=True)
+        print("routing ties:", res["routing_ties"], "router self-check:", res["router_self_check"],
+              "tokens:", res["tokens"], flush=True)
+        results.append({k: v for k, v in res.items() if not k.startswith("_")})
+        if not res["passed"]:
+            worst = max(worst, 1)
+    if not results:
+        print(f"nothing to re-judge in {in_dir}")
+        return 125, results
+    out_dir = out_dir or in_dir
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "rejudge.json"), "w") as f:
+        json.dump({"source": os.path.abspath(in_dir), "versions": summary.get("versions"),
+                   "cases": results}, f, indent=1, default=str)
+    return worst, results
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(GPU_CASES)})")
-    ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="directory for side_by_side.json")
+    ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(FP8_CASE_IDS)})")
+    ap.add_argument("--out", default=None, help="directory for side_by_side.json (default $OUT or out)")
     ap.add_argument("--save-traces", action="store_true", help="also write production traces (safetensors)")
+    ap.add_argument("--rejudge", metavar="DIR", help="CPU only: re-judge the traces a --save-traces run wrote "
+                    "into DIR (writes rejudge.json into --out, default DIR)")
     args = ap.parse_args(argv)
+    ids = list(args.case or [])
+    if args.fp8:
+        ids += [c for c in FP8_CASE_IDS if c not in ids]
+    if args.rejudge:
+        code, _ = rejudge(args.rejudge, args.out, ids or None)
+        return code
+    out = args.out or os.environ.get("OUT", "out")
     from harness.runtime import cannot_run_production_reason
     reason = cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return 125
-    os.makedirs(args.out, exist_ok=True)
-    ids = args.case or list(GPU_CASES) + list(PROBE_CASES)
+    os.makedirs(out, exist_ok=True)
+    ids = ids or list(GPU_CASES) + list(PROBE_CASES)
     summary = {"versions": versions(), "cases": []}
     print(json.dumps(summary["versions"]))
     worst = 0
     pending: dict = {}
+    n_files = 0
     for cid in ids:
         case = GPU_CASES.get(cid) or PROBE_CASES[cid]
         try:
@@ -394,20 +568,24 @@ def main(argv=None) -> int:
         print("notes:", json.dumps(res["step_notes"]), res["attach_notes"], flush=True)
         print("routing ties:", res["routing_ties"], "router self-check (step, bad rows, rows):",
               res["router_self_check"], "skipped:", res["skipped"], flush=True)
+        if res.get("fp8_kernels"):
+            print("fp8 kernels:", json.dumps(res["fp8_kernels"]), flush=True)
         if res.get("layer_policy"):
             print("layer policy (max |d| of final_norm):", res["layer_policy"], flush=True)
         print("tokens:", res["tokens"], "timing", {k: round(v, 2) for k, v in res["timing_s"].items()}, flush=True)
-        if args.save_traces:
-            pending.update({f"{cid}/{k}": v.contiguous() for k, v in res["_prod"].items()})
-            size = sum(v.numel() * v.element_size() for v in pending.values())
-            if size > 10_000_000:
-                _flush(pending, args.out, len(os.listdir(args.out)))
+        if args.save_traces:  # one file per case, written now: a later crash or timeout keeps it
+            pending.update(_trace_tensors(cid, res["_prod"]))
+            _flush(pending, out, n_files)
+            n_files += 1
         summary["cases"].append({k: v for k, v in res.items() if not k.startswith("_")})
         if not res["passed"]:
             worst = max(worst, 1)
+        # write as we go: a later case that kills the process leaves the earlier ones judged
+        with open(os.path.join(out, "side_by_side.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
     if args.save_traces and pending:
-        _flush(pending, args.out, len(os.listdir(args.out)))
-    with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
+        _flush(pending, out, n_files)
+    with open(os.path.join(out, "side_by_side.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
     return worst
 

@@ -27,7 +27,13 @@ def build_vllm_config(hf_config: dict, *, num_speculative_tokens: int = 1,
                       max_model_len: int = 1024, max_num_batched_tokens: int = 1024,
                       max_num_seqs: int = 16, kv_cache_dtype: str = "auto",
                       extra_engine_args: dict | None = None):
-    """``VllmConfig`` (eager, block size 64, bf16) for ``hf_config`` with an MTP draft."""
+    """``VllmConfig`` (eager, block size 64, bf16) for ``hf_config`` with an MTP draft.
+
+    FP8 configs (``mtp_quant_algo: FP8`` + ``quantization_config``, as
+    ``harness.checkpoint.synth`` writes them) pass ``quantization="fp8"``
+    (``quantization_for``). Note: a ``scale_fmt: ue8m0`` config makes vLLM set
+    ``VLLM_USE_DEEP_GEMM_E8M0=1`` in ``os.environ`` if unset (its default is 1 anyway).
+    """
     from vllm.engine.arg_utils import EngineArgs
 
     model_dir = write_model_dir(hf_config)
@@ -44,5 +50,36 @@ def build_vllm_config(hf_config: dict, *, num_speculative_tokens: int = 1,
         load_format="dummy",
         speculative_config={"method": "mtp", "num_speculative_tokens": max(1, num_speculative_tokens)},
     )
+    quant = quantization_for(hf_config)
+    if quant is not None:
+        kwargs["quantization"] = quant
     kwargs.update(extra_engine_args or {})
     return EngineArgs(**kwargs).create_engine_config()
+
+
+def quantization_for(hf_config: dict) -> str | None:
+    """The ``quantization`` engine argument for ``hf_config`` (None: unquantized).
+
+    vLLM's ``ModelConfig._verify_quantization`` infers the method from
+    ``quantization_config.quant_method`` (no override claims ``fp8`` for
+    model_type hy_v4; ``deepseek_v4_fp8`` only for deepseek_v4*) and raises if
+    an explicit argument disagrees, so we pass exactly that method. The target
+    (never built) gets an ``Fp8Config``; ``HYV4MTP`` builds its own from
+    ``mtp_quant_algo`` + ``quantization_config`` (block size, exclusions, UE8M0).
+    Refused here, with the reason: ``mtp_quant_algo: FP8`` without
+    ``quantization_config.weight_block_size`` (vLLM would build per-tensor FP8
+    for the MTP layers, which the synthetic checkpoints do not hold).
+    """
+    qc = hf_config.get("quantization_config") or None
+    algo = str(hf_config.get("mtp_quant_algo") or "").upper()
+    if algo == "FP8" and not (qc and qc.get("weight_block_size")):
+        raise ValueError("mtp_quant_algo FP8 needs quantization_config.weight_block_size (block FP8): "
+                         "without it vLLM builds per-tensor FP8 MTP layers")
+    if qc is None:
+        return None
+    method = qc.get("quant_method")
+    if not method:
+        raise ValueError(f"quantization_config without quant_method: {qc}")
+    if method != "fp8":
+        raise ValueError(f"quantization_config.quant_method {method!r}: the harness drives block FP8 only")
+    return method

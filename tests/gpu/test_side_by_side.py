@@ -4,7 +4,9 @@ against the reference, component by component.
     python -m pytest -m gpu tests/gpu --junitxml=out/junit.xml
 
 Each case builds the draft from a synthetic HY V4 config, loads seeded weights
-through ``HYV4MTP.load_weights`` (bf16 checkpoint, fp32 router/bias/sink/k_norm),
+through ``HYV4MTP.load_weights`` (bf16 checkpoint, fp32 router/bias/sink/k_norm;
+the FP8 cases, ``-k fp8``, load a block-FP8 checkpoint as stored: e4m3 weights,
+float32 or UE8M0 scales, split / fused experts, expert ``.scale`` names),
 runs K proposer steps and compares every hooked component with the float64
 reference under ``harness.compare.VS_PRODUCTION`` (one explicit atol/rtol per
 component, each with the rounding it absorbs).
@@ -41,6 +43,9 @@ def test_production_matches_reference(case_id):
     known = GPU_CASES[case_id].known_audit
     unexpected = [p for p in result["audit"] if not any(k in p for k in known)]
     assert not unexpected, unexpected
+    if GPU_CASES[case_id].quant != "bf16":  # the FP8 checkpoint reached vLLM's FP8 layers as FP8
+        layers = (result.get("fp8_kernels") or {}).get("layers", {})
+        assert any(v.get("weight") == "float8_e4m3fn" for v in layers.values()), result.get("fp8_kernels")
     assert result["passed"], f"first divergent: {result['first_divergent']}\n{format_rows(result)}"
 
 

@@ -1,0 +1,266 @@
+"""CPU emulation of vLLM's block-FP8 production path, to estimate FP8 tolerances.
+
+What vLLM 0.33 does on an H200 (SM90) for an FP8 MTP checkpoint (read off
+``Fp8LinearMethod``, ``kernels/linear/scaled_mm/deep_gemm.py``,
+``utils/fp8_utils.py``, ``utils/deep_gemm.py``, ``fused_moe/oracle/fp8.py``):
+
+* Every FP8 linear (fused_qkv_a_proj, q_b_proj, kv_b_proj, o_proj, indexer
+  wq_b, shared experts) runs a W8A8 block GEMM: the bf16 activation is
+  quantized per token and group of 128 input features to e4m3
+  (s = amax/448, ``per_token_group_quant_fp8``), q_x . q_w accumulates in
+  fp32 with s_x * s_w per 128-block, output bf16. e4m3 keeps 3 mantissa bits:
+  each activation element moves by up to 2^-4 relative before the fp32
+  accumulation.
+* ``VLLM_USE_DEEP_GEMM_E8M0`` defaults to 1, so with DeepGEMM present
+  ``is_deep_gemm_e8m0_used()`` is true on SM90 as well: activation scales are
+  rounded up to powers of two (``FLOAT32_CEIL_UE8M0``) and, for checkpoints
+  with float32 ``weight_scale_inv``, ``deepgemm_post_process_fp8_weight_block``
+  re-quantizes the weight in place to UE8M0 block scales
+  (``requant_weight_ue8m0_inplace``: dequant, s' = 2^ceil(log2(amax/448)),
+  q' = e4m3(w/s')): one more e4m3 rounding of every weight element (2^-4
+  relative), applied before MLA splits kv_b_proj into its bf16 W_UK/W_UV.
+  UE8M0 checkpoints' scales are powers of two already (no re-quantization).
+* The routed experts on Hopper with TP take the Triton fused-MoE backend:
+  weights as stored (no re-quantization), activations (MoE input and the
+  clamped SwiGLU output) per-token-group quantized the same way.
+* Not FP8 in production: eh_proj, the router, linear_gate (kept bf16 by the
+  synthetic checkpoints), the indexer weights_proj and wk (an FP8 wk is
+  dequantized to bf16 at load; the reference weights already hold that), the
+  LM head, and the absorbed-MLA bmm (bf16 W_UK/W_UV).
+
+``Fp8Numerics`` is ``reference.PRODUCTION`` plus that activation quantization
+in ``linear`` for the weights vLLM holds in FP8 (recognised by storage);
+``emulate`` runs the reference's proposer loop with it, shapes the result
+like a production trace and judges it with ``side_by_side.judge`` against the
+EXACT reference, which gives the max errors the FP8 tolerances start from.
+
+    python -m harness.production.fp8_emulation [--case ID ...] [--variant ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+
+import reference as R
+from reference.fp8 import E4M3_MAX, quantize_block, to_e4m3, ue8m0_round_up
+from reference.numerics import Numerics
+
+GROUP = 128
+
+# (activation scales rounded up to powers of two, fp32-scale weights re-quantized to UE8M0)
+VARIANTS = {
+    "deepgemm-e8m0": (True, True),   # the H200 default (VLLM_USE_DEEP_GEMM_E8M0=1, DeepGEMM present)
+    # FlashInferFp8DeepGEMMDynamicBlockScaledKernel (picked first when flashinfer has the block-scale
+    # GEMM): FlashInfer quantizes the activation itself for M < 32 (steps >= 1 here) over the weight
+    # DeepGEMM's post-processing already re-quantized; emulated with float32 activation scales
+    "requant-fp32-act": (False, True),
+    "fp32-scales": (False, False),   # VLLM_USE_DEEP_GEMM_E8M0=0 / CUTLASS or Triton block GEMM
+}
+
+
+def quantize_act(x: torch.Tensor, group: int = GROUP, pow2: bool = False, eps: float = 1e-10) -> torch.Tensor:
+    """x [..., K] -> dequantized per-token-group e4m3 values (float64), K padded to the group."""
+    k = x.shape[-1]
+    pad = (-k) % group
+    xf = x.to(torch.float64)
+    if pad:
+        xf = torch.nn.functional.pad(xf, (0, pad))
+    g = xf.reshape(*xf.shape[:-1], -1, group)
+    scale = g.abs().amax(-1, keepdim=True).clamp_min(eps).to(torch.float32).to(torch.float64) / E4M3_MAX
+    scale = scale.to(torch.float32).to(torch.float64)
+    if pow2:
+        scale = ue8m0_round_up(scale)
+    q = to_e4m3(g / scale).to(torch.float64) * scale
+    return q.reshape(*xf.shape)[..., :k]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Numerics(Numerics):
+    """PRODUCTION numerics plus per-token-group e4m3 activation quantization before FP8 GEMMs."""
+
+    fp8_storages: frozenset = frozenset()
+    act_pow2: bool = True
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.dtype | None = None) -> torch.Tensor:
+        if w.untyped_storage().data_ptr() not in self.fp8_storages:
+            return super().linear(x, w, out)
+        xq = quantize_act(x.to(self.act), GROUP, self.act_pow2)
+        y = self.up(xq) @ self.up(w).T
+        return y.to(out or self.act)
+
+
+def requant_ue8m0(w: torch.Tensor, block=(128, 128)) -> torch.Tensor:
+    """``requant_weight_ue8m0_inplace`` on a dequantized weight: block e4m3 with power-of-two scales."""
+    q, s = quantize_block(w.to(torch.float32).to(torch.float64), block, ue8m0=True)
+    bn, bk = block
+    *_, n, k = w.shape
+    full = s.repeat_interleave(bn, -2).repeat_interleave(bk, -1)[..., :n, :k]
+    return q.to(torch.float64) * full
+
+
+def production_weights(case, weights: dict, variant: str) -> tuple[dict, frozenset]:
+    """(weights as production computes with them, storages of the FP8-GEMM weights)."""
+    from harness.checkpoint.quant import mtp_fp8_plan
+
+    _, requant = VARIANTS[variant]
+    hf, _, _ = case_inputs_cached(case)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    plan = mtp_fp8_plan(hf, cfg)
+    out = dict(weights)
+    storages = set()
+    if plan is None:
+        return out, frozenset()
+    for layer in range(cfg.num_mtp_layers):
+        for leaf in sorted(plan.quantized.get(layer, ())):
+            name = f"layers.{layer}.{leaf}"
+            if name not in out:
+                continue
+            w = out[name]
+            if requant and case.quant == "fp8" and not leaf.startswith("mlp.experts."):
+                w = requant_ue8m0(w, plan.block)  # DeepGEMM linears only; Triton MoE keeps the stored scales
+            out[name] = w.clone()
+            storages.add(out[name].untyped_storage().data_ptr())
+    return out, frozenset(storages)
+
+
+def case_inputs_cached(case):
+    from harness.production.side_by_side import case_inputs
+    return case_inputs(case)
+
+
+def as_production_trace(cfg: R.MTPConfig, trace: dict, steps: int) -> dict:
+    """A reference trace shaped like what production's hooks capture.
+
+    ``attn.topk`` = the indexer's rows each sparse step, the q scale folded into
+    ``indexer.weights`` with the raw ``indexer.kw`` (k ; unscaled head weights) in
+    bf16, and no ``indexer.scores`` / ``moe.routed`` (vLLM never materialises them).
+    """
+    fake = dict(trace)
+    c0 = cfg.index_head_dim ** -0.5 * cfg.index_n_heads ** -0.5
+    for k in range(steps):
+        if f"step{k}.indexer.topk" in fake:
+            fake[f"step{k}.attn.topk"] = fake[f"step{k}.indexer.topk"]
+        qs = fake.pop(f"step{k}.indexer.q_scale", None)
+        if qs is not None:
+            raw = (fake[f"step{k}.indexer.weights"] / (qs * c0)).to(torch.bfloat16)
+            fake[f"step{k}.indexer.kw"] = torch.cat([fake[f"step{k}.indexer.k"].to(torch.bfloat16), raw], -1)
+        for drop in ("indexer.scores", "moe.routed"):
+            fake.pop(f"step{k}.{drop}", None)
+    return fake
+
+
+def emulated_production_trace(case, variant: str = "deepgemm-e8m0") -> dict:
+    """The reference run with FP8 production numerics, shaped as a production trace."""
+    hf, _, weights = case_inputs_cached(case)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    act_pow2, _ = VARIANTS[variant]
+    pw, storages = production_weights(case, weights, variant)
+    num = Fp8Numerics("production-fp8", torch.bfloat16, torch.float32, storages, act_pow2)
+    first = R.make_case(cfg, case.seed, case.requests, case.tokens)
+    res = R.draft(cfg, pw, first, case.steps, num=num)
+    return as_production_trace(cfg, R.flatten(res), case.steps)
+
+
+def emulate(case, variant: str = "deepgemm-e8m0", tolerances: dict | None = None) -> dict:
+    """``side_by_side.judge`` of the emulated FP8 production trace (rows carry the max errors)."""
+    from harness.production.side_by_side import judge
+    return judge(case, emulated_production_trace(case, variant), {}, tolerances=tolerances)
+
+
+def needed_atol(result: dict) -> dict:
+    """Per component: max |d| vs EXACT, and the atol that rtol (as set) would need."""
+    out = {}
+    ref, prod = result["_ref"], result["_prod"]
+    for row in result["rows"]:
+        comp = row["key"].split(".", 1)[1]
+        cur = out.setdefault(comp, {"max_abs": 0.0, "atol_needed": 0.0, "passed": True})
+        cur["passed"] &= bool(row["passed"])
+        if row["max_abs_vs_exact"] is not None:
+            cur["max_abs"] = max(cur["max_abs"], row["max_abs_vs_exact"])
+        key = row["key"]
+        if comp in ("draft_token", "moe.topk_ids", "indexer.topk", "attn.topk"):
+            pass  # ids: compared as sets / exactly, no atol
+        elif row["rtol"] is not None and key in ref and key in result["_prod_cmp"]:
+            a, e = result["_prod_cmp"][key].double(), ref[key].double()
+            if a.shape == e.shape and a.is_floating_point():
+                fin = torch.isfinite(a) & torch.isfinite(e)
+                if fin.any():
+                    need = ((a - e).abs() - row["rtol"] * e.abs())[fin].max()
+                    cur["atol_needed"] = max(cur["atol_needed"], float(need))
+        if comp in ("indexer.topk", "attn.topk"):
+            cur["tie_margin"] = max(cur.get("tie_margin", 0.0), _tie_margin(result, key))
+    del prod
+    return out
+
+
+def _tie_margin(result: dict, key: str) -> float:
+    """Largest |score - k-th score| (fraction of the row max) of a member the two top-k sets do not share."""
+    step = key.split(".", 1)[0]
+    a, e = result["_prod_cmp"].get(key), result["_ref"].get(key)
+    sc = result["_ref"].get(f"{step}.indexer.scores")
+    if a is None or e is None or sc is None or a.shape != e.shape:
+        return 0.0
+    worst = 0.0
+    for r in range(e.shape[0]):
+        sa = {int(i) for i in a[r].tolist() if i >= 0}
+        se = {int(i) for i in e[r].tolist() if i >= 0}
+        sym = sa ^ se
+        if not sym:
+            continue
+        row = sc[r].double()
+        kth = min(float(row[i]) for i in se) if se else 0.0
+        worst = max(worst, max(abs(float(row[i]) - kth) for i in sym if 0 <= i < row.numel()))
+    return worst
+
+
+def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
+    """Per quant and component, the max over cases, extra seeds and variants of
+    (max |d|, atol needed at the table's rtol, top-k tie margin)."""
+    from harness.production.side_by_side import GPU_CASES
+    agg: dict = {}
+    for cid in case_ids:
+        base = GPU_CASES[cid]
+        cases = [base] + [dataclasses.replace(base, id=f"{cid}-seed{s}", seed=s)
+                          for s in range(30, 30 + extra_seeds)]
+        for case in cases:
+            for variant in variants:
+                res = emulate(case, variant)
+                log(f"{case.id} [{variant}] judge {'PASS' if res['passed'] else 'FAIL'} "
+                    f"(first divergent {res['first_divergent']})")
+                for comp, v in needed_atol(res).items():
+                    a = agg.setdefault(base.quant, {}).setdefault(comp, {"max_abs": 0.0, "atol_needed": 0.0,
+                                                                           "tie_margin": 0.0})
+                    a["max_abs"] = max(a["max_abs"], v["max_abs"])
+                    a["atol_needed"] = max(a["atol_needed"], v["atol_needed"])
+                    a["tie_margin"] = max(a["tie_margin"], v.get("tie_margin", 0.0))
+    return agg
+
+
+def main(argv=None) -> int:
+    from harness.production.side_by_side import GPU_CASES
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", help="case id (default: every FP8 case)")
+    ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
+    ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 30, 31, ...")
+    ap.add_argument("--json", help="write the per-quant, per-component numbers here")
+    args = ap.parse_args(argv)
+    ids = args.case or [c.id for c in GPU_CASES.values() if c.quant != "bf16"]
+    agg = sweep(ids, args.variant or list(VARIANTS), args.extra_seeds)
+    for quant, comps in agg.items():
+        print(f"== {quant}: max over cases/seeds/variants (2x = the starting atol)")
+        for comp, v in comps.items():
+            print(f"  {comp:24s} max|d| {v['max_abs']:.3e}  atol needed at rtol {v['atol_needed']:.3e}"
+                  f"  tie margin {v['tie_margin']:.3e}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(agg, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

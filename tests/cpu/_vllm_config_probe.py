@@ -1,0 +1,246 @@
+"""Subprocess helper of test_production_fp8_prep: vLLM's config + FP8 weight loading on a CPU box.
+
+    python tests/cpu/_vllm_config_probe.py config CASE_ID ...   # the runner's VllmConfig per case
+    python tests/cpu/_vllm_config_probe.py load CASE_ID         # + HYV4MTP built on CPU, load_weights
+
+vLLM's config validation and model construction run only under a CUDA
+platform; here one is faked (compiled extensions and ops stubbed, capability
+9.0, device type cpu) in this throwaway process only. Nothing runs a kernel:
+``load`` stops after ``HYV4MTP.load_weights`` (``process_weights_after_loading``
+needs CUDA), i.e. it checks vLLM's name mapping, scale renaming and dtype
+handling of the FP8 checkpoint, and the loaded values. Prints JSON lines
+starting with "{"; exit 77 when the faking itself fails (the test skips).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+
+def _fake_cuda() -> None:
+    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+
+    class _Any(types.ModuleType):
+        def __getattr__(self, n):
+            if n.startswith("__"):
+                raise AttributeError(n)
+            return lambda *a, **k: None
+
+    sys.modules["vllm.vllm_flash_attn"] = _Any("vllm.vllm_flash_attn")
+    import torch
+    import vllm.platforms as P
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+
+    class FakeH200(CudaPlatform):
+        @classmethod
+        def get_device_capability(cls, device_id=0):
+            return DeviceCapability(9, 0)
+
+        @classmethod
+        def has_device_capability(cls, capability, device_id=0):
+            if isinstance(capability, tuple):
+                capability = capability[0] * 10 + capability[1]
+            return 90 >= capability
+
+        @classmethod
+        def get_device_name(cls, device_id=0):
+            return "NVIDIA H200 (faked)"
+
+        @classmethod
+        def get_device_total_memory(cls, device_id=0):
+            return 140 << 30
+
+        @classmethod
+        def is_fully_connected(cls, ids):
+            return True
+
+        @classmethod
+        def device_count(cls):
+            return 1
+
+    P.current_platform = FakeH200()
+    import vllm._custom_ops as ops
+    for n in dir(ops):
+        if n.startswith("cutlass_") and "supports" in n:
+            setattr(ops, n, lambda *a, **k: True)
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+
+
+def _fake_cuda_runtime() -> None:
+    """What building HYV4MTP touches beyond the config: ops namespaces, streams, device queries."""
+    import torch
+    import vllm.platforms as P
+
+    class _NS:
+        def __init__(self, n):
+            self._n = n
+
+        def __getattr__(self, a):
+            if a.startswith("__"):
+                raise AttributeError(a)
+
+            def op(*x, **k):
+                raise RuntimeError(f"stub op {self._n}.{a} called")
+            op.default = op
+            return op
+
+    for ns in ("_C", "_moe_C", "_flashmla_C", "_flashmla_extension_C", "_C_cache_ops", "_rocm_C",
+               "_deepselect_C", "_flashkda_C", "_qutlass_C"):
+        torch.ops.__dict__[ns] = _NS(ns)
+
+    class _Stream:
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_stream(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return None
+
+    torch.cuda.Stream = _Stream
+    torch.cuda.Event = _Stream
+    torch.accelerator.current_device_index = lambda: 0
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.get_device_capability = lambda *a: (9, 0)
+    type(P.current_platform).num_compute_units = classmethod(lambda cls, *a: 132)
+
+
+def _config_lines(ids: list[str]) -> None:
+    from harness.production.side_by_side import GPU_CASES, case_inputs
+    from harness.production.vllm_config import build_vllm_config
+
+    for cid in ids:
+        case = GPU_CASES[cid]
+        hf, _, _ = case_inputs(case)
+        vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
+        d = vc.speculative_config.draft_model_config
+        print(json.dumps({
+            "id": cid, "quantization": vc.model_config.quantization, "draft_quantization": d.quantization,
+            "quant_config": type(vc.quant_config).__name__ if vc.quant_config is not None else None,
+            "draft_model_type": d.hf_config.model_type,
+            "draft_mtp_quant_algo": getattr(d.hf_config, "mtp_quant_algo", None),
+            "draft_quantization_config": getattr(d.hf_config, "quantization_config", None),
+            "dtype": str(d.dtype), "num_speculative_tokens": vc.speculative_config.num_speculative_tokens,
+        }), flush=True)
+
+
+def _dequant(w, s, block=(128, 128)):
+    import torch
+
+    from reference.fp8 import dequantize_block
+    s = s.to(torch.float32).to(torch.float64) if s.dtype != torch.float64 else s
+    return dequantize_block(w, s, block)
+
+
+def _expected(weights: dict, n: int) -> dict:
+    """vLLM parameter name (before process_weights_after_loading) -> expected float64 value."""
+    import torch
+    p = f"model.layers.{n}."
+    b = p + "mtp_block."
+    L = lambda k: weights[f"layers.0.{k}"]  # noqa: E731
+    return {
+        b + "self_attn.fused_qkv_a_proj.weight": torch.cat([L("attn.q_a_proj"), L("attn.kv_a_proj_with_mqa")]),
+        b + "self_attn.q_b_proj.weight": L("attn.q_b_proj"),
+        b + "self_attn.kv_b_proj.weight": L("attn.kv_b_proj"),
+        b + "self_attn.o_proj.weight": L("attn.o_proj"),
+        b + "self_attn.indexer.wq_b.weight": L("indexer.wq_b"),
+        b + "self_attn.indexer.wk_weights_proj.weight": torch.cat([L("indexer.wk"), L("indexer.weights_proj")]),
+        b + "mlp.shared_experts.gate_up_proj.weight": torch.cat([L("mlp.shared_experts.gate_proj"),
+                                                                 L("mlp.shared_experts.up_proj")]),
+        b + "mlp.shared_experts.down_proj.weight": L("mlp.shared_experts.down_proj"),
+        b + "mlp.experts.routed_experts.w13_weight": torch.cat([L("mlp.experts.gate_proj"),
+                                                                L("mlp.experts.up_proj")], dim=1),
+        b + "mlp.experts.routed_experts.w2_weight": L("mlp.experts.down_proj"),
+        b + "self_attn.linear_gate.weight": L("attn.linear_gate"),
+        b + "self_attn.learnable_sink_param": L("attn.sink"),
+        b + "mlp.gate.weight": L("mlp.gate"),
+        b + "mlp.expert_bias": L("mlp.expert_bias"),
+        b + "self_attn.indexer.k_norm.weight": L("indexer.k_norm.weight"),
+        b + "self_attn.indexer.k_norm.bias": L("indexer.k_norm.bias"),
+        p + "eh_proj.weight": L("eh_proj"),
+        p + "enorm.weight": L("enorm"),
+        p + "shared_head.head.weight": weights["lm_head"],
+        "model.embed_tokens.weight": weights["embed_tokens"],
+    }
+
+
+def _load_lines(cid: str) -> None:
+    import logging
+
+    import torch
+    import vllm.platforms as P
+    from vllm.config import set_current_vllm_config
+
+    from harness.production import build
+    from harness.production.checkpoint_cast import cast_for_vllm
+    from harness.production.side_by_side import GPU_CASES, case_inputs
+    from harness.production.vllm_config import build_vllm_config
+
+    case = GPU_CASES[cid]
+    hf, ckpt, weights = case_inputs(case)
+    vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
+    dev = torch.device("cpu")
+    P.current_platform.device_type = "cpu"
+    build.init_single_process(vc, dev)
+    model = build.build_model(vc, dev)
+    tap = build._WarningTap()
+    lg = logging.getLogger("vllm.models.hy_v4.nvidia.mtp")
+    lg.addHandler(tap)
+    with set_current_vllm_config(vc):
+        loaded = set(model.load_weights(iter(sorted(cast_for_vllm(ckpt).items()))))
+    lg.removeHandler(tap)
+    params = dict(model.named_parameters())
+    n = hf["num_hidden_layers"]
+    mismatches, dtypes = [], {}
+    for name, want in _expected(weights, n).items():
+        prm = params.get(name)
+        if prm is None:
+            mismatches.append(f"{name}: no such parameter")
+            continue
+        got = prm.detach()
+        dtypes[name] = str(got.dtype).removeprefix("torch.")
+        if got.dtype == torch.float8_e4m3fn:
+            scale = params[name.removesuffix("weight") + "weight_scale_inv"].detach()
+            dtypes[name + "_scale_inv"] = str(scale.dtype).removeprefix("torch.")
+            got = _dequant(got, scale)
+        got = got.to(torch.float64)
+        if got.shape != want.shape:
+            mismatches.append(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+        elif not torch.equal(got, want.to(torch.float64)):
+            mismatches.append(f"{name}: max |d| {float((got - want).abs().max()):.3e}")
+    from harness.production.side_by_side import fp8_kernel_notes
+    notes = fp8_kernel_notes(model)
+    print(json.dumps({"id": cid, "n_params": len(params), "unloaded": sorted(set(params) - loaded),
+                      "warnings": tap.messages, "mismatches": mismatches, "dtypes": dtypes,
+                      "kernel_notes": notes}, default=str), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    mode, ids = argv[0], argv[1:]
+    try:
+        _fake_cuda()
+        if mode == "load":
+            _fake_cuda_runtime()
+    except Exception as exc:  # noqa: BLE001
+        print(f"cannot fake a CUDA platform: {exc!r}", file=sys.stderr)
+        return 77
+    if mode == "config":
+        _config_lines(ids)
+    elif mode == "load":
+        for cid in ids:
+            _load_lines(cid)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
