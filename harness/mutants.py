@@ -439,20 +439,29 @@ def m_renorm_flipped(ctx: Ctx) -> None:
     ctx.setattr(r, "renormalize", not bool(r.renormalize))
 
 
-def m_scaling_twice(ctx: Ctx) -> None:
+def _scaling_holder(ctx: Ctx):
+    """The object whose routed_scaling_factor production applies: the router (scales
+    the top-k weights) or, with apply_routed_scale_to_output, the MoE runner
+    (scales the fused output); the other holds 1.0."""
     r = _router(ctx)
-    f = float(need(r, "routed_scaling_factor", type(r).__name__))
-    if f == 1.0:
-        raise MutantNotApplicable(f"{type(r).__name__}.routed_scaling_factor is 1.0 (scaling applied elsewhere)")
-    ctx.setattr(r, "routed_scaling_factor", f * f)
+    if float(getattr(r, "routed_scaling_factor", 1.0) or 1.0) != 1.0:
+        return r, float(r.routed_scaling_factor)
+    for obj in _walk(need(ctx.mlp, "experts", "mlp")):
+        f = getattr(obj, "routed_scaling_factor", None) if "Runner" in type(obj).__name__ else None
+        if isinstance(f, (int, float)) and float(f) != 1.0:
+            ctx.notes.append(f"routed_scaling_factor lives on {type(obj).__name__} (output scale)")
+            return obj, float(f)
+    raise MutantNotApplicable("no router or MoE runner holds a routed_scaling_factor != 1.0")
+
+
+def m_scaling_twice(ctx: Ctx) -> None:
+    obj, f = _scaling_holder(ctx)
+    ctx.setattr(obj, "routed_scaling_factor", f * f)
 
 
 def m_scaling_missing(ctx: Ctx) -> None:
-    r = _router(ctx)
-    f = float(need(r, "routed_scaling_factor", type(r).__name__))
-    if f == 1.0:
-        raise MutantNotApplicable(f"{type(r).__name__}.routed_scaling_factor is already 1.0")
-    ctx.setattr(r, "routed_scaling_factor", 1.0)
+    obj, _ = _scaling_holder(ctx)
+    ctx.setattr(obj, "routed_scaling_factor", 1.0)
 
 
 # ---- multi-step ---------------------------------------------------------------------
@@ -834,9 +843,15 @@ def format_list() -> str:
 
 
 def run_catalogue(mutants: list[Mutant], *, report: str | None = None, control: bool = True,
-                  log=print) -> dict:
-    """Controls (one unmutated run per case used) then each mutant; the report is rewritten as it goes."""
-    out: dict = {"controls": {}, "mutants": []}
+                  log=print, budget_s: float | None = None) -> dict:
+    """Controls (one unmutated run per case used) then each mutant; the report is rewritten as it goes.
+    With ``budget_s``, nothing new starts once that many seconds have passed (outcome "not-run")."""
+    t_start = time.perf_counter()
+
+    def over() -> bool:
+        return budget_s is not None and time.perf_counter() - t_start > budget_s
+
+    out: dict = {"controls": {}, "mutants": [], "budget_s": budget_s}
     try:
         from harness.production.side_by_side import versions
         out["versions"] = versions()
@@ -851,12 +866,20 @@ def run_catalogue(mutants: list[Mutant], *, report: str | None = None, control: 
 
     if control:
         for cid in dict.fromkeys(m.case for m in mutants):
+            if over():
+                out["controls"][cid] = {"case": cid, "passed": False, "error": "not run: --budget-s spent"}
+                continue
             c = run_control(cid)
             out["controls"][cid] = c
             log(f"control {cid}: {'PASS' if c['passed'] else 'FAIL'} {c.get('first_divergent') or c.get('error') or ''}"
                 f" ({c['wall_s']}s)")
             save()
     for m in mutants:
+        if over():
+            out["mutants"].append({**m.row(), "detected": False, "outcome": "not-run",
+                                   "error": "--budget-s spent", "wall_s": 0.0})
+            log(f"{m.name:26s} not-run (budget spent)")
+            continue
         r = run_mutant(m, out["controls"].get(m.case))
         out["mutants"].append(r)
         log(f"{m.name:26s} {r['outcome']:24s} expected {m.component:20s} first "
@@ -864,6 +887,7 @@ def run_catalogue(mutants: list[Mutant], *, report: str | None = None, control: 
         save()
     n = len(out["mutants"])
     det = sum(r["detected"] for r in out["mutants"])
+    out["wall_s"] = round(time.perf_counter() - t_start, 1)
     out["summary"] = {"selected": n, "detected": det,
                       "missed": [r["name"] for r in out["mutants"] if r["outcome"] == "missed"],
                       "not_applicable": [r["name"] for r in out["mutants"] if r["outcome"] == "not-applicable"],
@@ -890,7 +914,7 @@ def mutants_command(args) -> int:
         print(f"cannot judge: {reason}")
         return 125
     out = run_catalogue(chosen, report=args.report, control=not args.no_control,
-                        log=lambda s: print(s, flush=True))
+                        log=lambda s: print(s, flush=True), budget_s=args.budget_s)
     return 0 if out["summary"]["detected"] == out["summary"]["selected"] else 1
 
 
@@ -899,5 +923,7 @@ def add_arguments(p) -> None:
     p.add_argument("--only", nargs="+", action="extend", default=None, metavar="NAME",
                    help="run only these mutants")
     p.add_argument("--report", default=None, metavar="R.json", help="write the JSON report here")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
+                   help="start no new run after S seconds (the rest is reported not-run)")
     p.add_argument("--no-control", action="store_true",
                    help="skip the unmutated control run of each case")
