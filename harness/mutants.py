@@ -417,7 +417,7 @@ _LIMIT_NAMES = ("swiglu_limit", "gemm1_clamp_limit", "clamp_limit", "activation_
 def m_clamp_removed(ctx: Ctx) -> None:
     lim = _limit(ctx)
     hit = []
-    for obj in _walk(need(ctx.mlp, "experts", "mlp")):
+    for obj in _walk(need(ctx.mlp, "experts", "mlp"), max_depth=9):
         try:
             attrs = vars(obj)
         except TypeError:
@@ -446,7 +446,7 @@ def _scaling_holder(ctx: Ctx):
     r = _router(ctx)
     if float(getattr(r, "routed_scaling_factor", 1.0) or 1.0) != 1.0:
         return r, float(r.routed_scaling_factor)
-    for obj in _walk(need(ctx.mlp, "experts", "mlp")):
+    for obj in _walk(need(ctx.mlp, "experts", "mlp"), max_depth=9):
         f = getattr(obj, "routed_scaling_factor", None) if "Runner" in type(obj).__name__ else None
         if isinstance(f, (int, float)) and float(f) != 1.0:
             ctx.notes.append(f"routed_scaling_factor lives on {type(obj).__name__} (output scale)")
