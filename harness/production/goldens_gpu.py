@@ -61,10 +61,15 @@ def record(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Path:
         "components": list(STORED), "tolerance": {k: [t.atol, t.rtol] for k, t in TIGHT.items()}}, root)
 
 
+def has_golden(case_id: str, root: Path = goldens.ROOT) -> bool:
+    """Whether a production golden of ``case_id`` exists for this platform."""
+    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
+    return entry is not None and entry.get("platform") == platform()
+
+
 def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Report | None:
     """Report vs the stored golden; None when there is no golden for this platform."""
-    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
-    if entry is None or entry.get("platform") != platform():
+    if not has_golden(case_id, root):
         return None
     stored, _ = goldens.load(KIND, case_id, root)
     now = _subset(prod)
