@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parent.parent / "goldens"
+# HYV4_GOLDENS_ROOT points a run at another goldens tree (e.g. production
+# goldens just recorded on a GPU host, before they are reviewed into the repo).
+ROOT = Path(os.environ.get("HYV4_GOLDENS_ROOT") or Path(__file__).resolve().parent.parent / "goldens")
 MANIFEST = "manifest.json"
 HARNESS_VERSION = "0.1.0"
 
