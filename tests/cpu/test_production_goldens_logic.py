@@ -37,3 +37,20 @@ def test_one_ulp_is_visible_and_platform_keyed(tmp_path, monkeypatch):
     assert g.check_production_golden("c", jitter, tmp_path).passed
     monkeypatch.setattr(g, "platform", lambda: {**PLATFORM, "gpu": "NVIDIA H100"})
     assert g.check_production_golden("c", prod, tmp_path) is None
+
+
+def test_row_budget_accepts_one_row_not_a_broad_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    gen = torch.Generator().manual_seed(1)
+    prod = {"step0.attn.core": torch.randn(300, 8, generator=gen).to(torch.bfloat16)}
+    g.record("long", prod, tmp_path)
+
+    def bump(rows):
+        core = prod["step0.attn.core"].clone()
+        core.view(torch.int16)[rows, 0] += 1
+        return {"step0.attn.core": core}
+
+    one = g.check_production_golden("long", bump([152]), tmp_path)
+    assert one.passed and "1 of 300 rows differ" in one.results[0].note
+    assert not g.check_production_golden("long", bump(list(range(0, 300, 20))), tmp_path).passed
+    assert not g.check_production_golden("long", bump(list(range(300))), tmp_path).passed
