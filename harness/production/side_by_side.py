@@ -6,8 +6,7 @@
 ``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``); tolerances are
 ``tolerances.tolerances_for(case.quant)``.
 
-The verdict is against the EXACT (float64) reference with ``compare.VS_PRODUCTION``
-tolerances; the table also shows the max abs error against the reference run
+The verdict is against the EXACT (float64) reference with ``tolerances_for(quant)``; the table also shows the max abs error against the reference run
 with PRODUCTION numerics (bf16 storage, fp32 accumulation), which isolates
 kernel/ordering noise from the spec.
 Exit codes: 0 all cases pass, 1 a numeric mismatch, 125 cannot judge (no GPU/vLLM).

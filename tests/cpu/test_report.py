@@ -7,7 +7,8 @@ import sys
 
 import torch
 
-from harness.compare import VS_PRODUCTION, compare_traces
+from harness.compare import compare_traces
+from harness.production.tolerances import GPU_VS_REFERENCE as VS_PRODUCTION
 from harness.report import diff, plot, read_report, write_report
 
 
