@@ -77,17 +77,22 @@ def cmd_synth(args) -> int:
     return synth_command(args)
 
 
-def cmd_compare(args) -> int:
-    """Side by side on the GPU; 125 where production cannot run."""
+def _on_production(command: str, args) -> int:
+    """Run ``harness.production.compare_cli.<command>`` or exit 125 where production cannot run."""
     from . import runtime
 
     reason = runtime.cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return EXIT_CANNOT_JUDGE
-    from .production.compare_cli import compare_command  # lands with the GPU runner
+    from .production import compare_cli
 
-    return compare_command(args)
+    return getattr(compare_cli, command)(args)
+
+
+def cmd_compare(args) -> int:
+    """Side by side on the GPU; 125 where production cannot run."""
+    return _on_production("compare_command", args)
 
 
 def cmd_main_job(args) -> int:
@@ -125,15 +130,7 @@ def cmd_report(args) -> int:
 
 def cmd_bisect_check(args) -> int:
     """Goldens + side by side for the default case set: 0 good, 1 bad, 125 cannot judge."""
-    from . import runtime
-
-    reason = runtime.cannot_run_production_reason()
-    if reason:
-        print(f"cannot judge: {reason}")
-        return EXIT_CANNOT_JUDGE
-    from .production.compare_cli import bisect_command
-
-    return bisect_command(args)
+    return _on_production("bisect_command", args)
 
 
 def cmd_mutants(args) -> int:

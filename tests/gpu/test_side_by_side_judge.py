@@ -14,22 +14,8 @@ import pytest
 import torch
 
 import reference as R
+from harness.production.fp8_emulation import as_production_trace as _as_production
 from harness.production.side_by_side import GPU_CASES, judge
-
-
-def _as_production(cfg, trace: dict, steps: int) -> dict:
-    fake = dict(trace)
-    c0 = cfg.index_head_dim ** -0.5 * cfg.index_n_heads ** -0.5
-    for k in range(steps):
-        if f"step{k}.indexer.topk" in fake:
-            fake[f"step{k}.attn.topk"] = fake[f"step{k}.indexer.topk"]
-        qs = fake.pop(f"step{k}.indexer.q_scale", None)
-        if qs is not None:
-            raw = (fake[f"step{k}.indexer.weights"] / (qs * c0)).to(torch.bfloat16)
-            fake[f"step{k}.indexer.kw"] = torch.cat([fake[f"step{k}.indexer.k"].to(torch.bfloat16), raw], -1)
-        for drop in ("indexer.scores", "moe.routed"):
-            fake.pop(f"step{k}.{drop}", None)
-    return fake
 
 
 @pytest.mark.parametrize("case_id", ["tiny-k3-ragged", "tiny-k3-share", "tiny-k2-nosink"])
