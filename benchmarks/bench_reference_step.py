@@ -36,6 +36,7 @@ def time_steps(name: str, tokens: int, requests: int, repeats: int, dtype: str,
     w = {k: v.to(device) for k, v in random_weights(cfg, 0).items()}
     first = make_case(cfg, 0, requests, tokens).to(device)
     num = numerics_by_name(dtype)
+    draft(cfg, w, first, 2, num, cache=DraftCache())  # warm-up (lazy init, allocator)
     step0, decode = [], []
     for _ in range(repeats):
         _sync(device)
