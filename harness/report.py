@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .compare import Report
+from .compare import COMPONENTS, Report
 
 
 def write_report(path: str | Path, reports: dict[str, Report], meta: dict | None = None) -> Path:
@@ -55,12 +55,21 @@ def format_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _dataflow_key(key: tuple[str, str]) -> tuple:
+    """(case, step, position of the component in dataflow order) for ``step{k}.{component}``."""
+    case, name = key
+    step, _, comp = name.partition(".")
+    order = COMPONENTS.index(comp) if comp in COMPONENTS else len(COMPONENTS)
+    return case, int(step[4:]) if step[4:].isdigit() else -1, order, name
+
+
 def diff(a: dict, b: dict, factor: float = 2.0) -> list[str]:
-    """Components whose verdict changed or whose max_abs moved by more than ``factor``."""
+    """Components whose verdict changed or whose max_abs moved by more than ``factor``,
+    in dataflow order (the first line is where the two runs start to differ)."""
     left = {(cid, c["name"]): c for cid, c in _rows(a)}
     right = {(cid, c["name"]): c for cid, c in _rows(b)}
     out = []
-    for key in sorted(set(left) | set(right)):
+    for key in sorted(set(left) | set(right), key=_dataflow_key):
         x, y = left.get(key), right.get(key)
         label = f"{key[0]} {key[1]}"
         if x is None or y is None:
