@@ -15,6 +15,9 @@ from pathlib import Path
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_CANNOT_JUDGE = 0, 1, 2, 125
 
 
+from .atomic import atomic_write
+
+
 class CLIError(Exception):
     """An input problem reported as one line, exit 2."""
 
@@ -49,22 +52,31 @@ def cmd_reference(args) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda: no CUDA device here")
-    if args.steps < 1 or args.requests < 1 or args.tokens < 1:
-        raise CLIError("--steps, --requests and --tokens must be >= 1")
+    if args.steps < 1 or args.requests < 1 or args.tokens < 1 or args.tp < 1:
+        raise CLIError("--steps, --requests, --tokens and --tp must be >= 1")
+    out = Path(args.out)
+    if out.is_dir():
+        raise CLIError(f"--out {out}: is a directory; give a .safetensors file path")
     num = numerics_by_name(args.dtype)
     hf, cfg, weights = _load_case_inputs(args)
+    from reference.tp import check_divisible
+
+    try:
+        check_divisible(cfg, args.tp)
+    except ValueError as exc:
+        raise CLIError(f"--tp {args.tp}: {exc}") from exc
     first = make_case(cfg, args.seed, args.requests, args.tokens).to(args.device)
     weights = {k: v.to(args.device) for k, v in weights.items()}
     t0 = time.perf_counter()
     result = draft(cfg, weights, first, args.steps, num, tp=args.tp)
     dt = time.perf_counter() - t0
     flat = {k: v.cpu().contiguous() for k, v in flatten(result).items()}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    save_file(flat, str(tmp), metadata={"config": json.dumps(hf, sort_keys=True), "seed": str(args.seed),
-                                        "dtype": args.dtype, "steps": str(args.steps)})
-    tmp.replace(out)
+    meta = {"config": json.dumps(hf, sort_keys=True), "seed": str(args.seed), "dtype": args.dtype,
+            "steps": str(args.steps)}
+    try:
+        atomic_write(out, lambda tmp: save_file(flat, tmp, metadata=meta))
+    except OSError as exc:
+        raise CLIError(f"--out {out}: {exc.strerror or exc}") from exc
     toks = result.tokens.tolist()
     print(f"reference: {len(flat)} tensors, {args.steps} step(s) x {args.requests} request(s), "
           f"{first.input_ids.numel()} step-0 tokens, dtype {args.dtype}, {dt:.2f}s, draft tokens {toks} -> {out}")
@@ -78,9 +90,13 @@ def cmd_synth(args) -> int:
 
 
 def _on_production(command: str, args) -> int:
-    """Run ``harness.production.compare_cli.<command>`` or exit 125 where production cannot run."""
-    from . import runtime
+    """Run ``harness.production.compare_cli.<command>`` or exit 125 where production cannot run.
 
+    Arguments are checked first (a wrong flag is exit 2 on any machine)."""
+    from . import runtime
+    from .production.compare_cli import validate_args
+
+    validate_args(command, args)
     reason = runtime.cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")

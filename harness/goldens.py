@@ -12,11 +12,12 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from .atomic import atomic_write, atomic_write_json
 
 # HYV4_GOLDENS_ROOT points a run at another goldens tree (e.g. production
 # goldens just recorded on a GPU host, before they are reviewed into the repo).
@@ -45,20 +46,6 @@ def _compact(t: torch.Tensor, name: str) -> torch.Tensor:
     return t
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def read_manifest(root: Path = ROOT) -> dict:
     path = root / MANIFEST
     if not path.exists():
@@ -72,24 +59,15 @@ def read_manifest(root: Path = ROOT) -> dict:
 def write(kind: str, case_id: str, trace: dict, meta: dict, root: Path = ROOT) -> Path:
     """Write ``trace`` as golden ``{kind}/{case_id}.safetensors`` and record it in the manifest."""
     path = root / kind / f"{case_id}.safetensors"
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: _compact(v, k) for k, v in trace.items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp))
     manifest = read_manifest(root)
     entry = dict(meta)
     entry.update(file=str(path.relative_to(root)), sha256=_sha256(path),
                  versions={"harness": HARNESS_VERSION, "torch": torch.__version__,
                            "python": platform.python_version(), **meta.get("versions", {})})
     manifest["cases"][f"{kind}/{case_id}"] = entry
-    _atomic_write_bytes(root / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write_json(root / MANIFEST, manifest, sort_keys=True)
     return path
 
 

@@ -38,6 +38,8 @@ from typing import Callable
 
 import torch
 
+from harness.atomic import atomic_write_json
+
 
 class MutantNotApplicable(Exception):
     """The attribute/parameter a mutant needs does not exist in this build."""
@@ -866,8 +868,7 @@ def run_catalogue(mutants: list[Mutant], *, report: str | None = None, control: 
     def save():
         if report:
             os.makedirs(os.path.dirname(os.path.abspath(report)), exist_ok=True)
-            with open(report, "w") as f:
-                json.dump(out, f, indent=1, default=str)
+            atomic_write_json(report, out, default=str)
 
     if control:
         for cid in dict.fromkeys(m.case for m in mutants):

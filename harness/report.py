@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
+from .atomic import atomic_write_json
 from .compare import COMPONENTS, Report
 
 
 def write_report(path: str | Path, reports: dict[str, Report], meta: dict | None = None) -> Path:
     """Atomically write the reports of several cases as one JSON file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta or {}, "cases": {cid: r.as_dict() for cid, r in reports.items()}}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(path, doc, sort_keys=True)
 
 
 def read_report(path: str | Path) -> dict:
@@ -35,8 +27,10 @@ def read_report(path: str | Path) -> dict:
         raise ValueError(f"{path}: no such report") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not a JSON report ({exc})") from exc
-    if not isinstance(doc, dict) or "cases" not in doc:
-        raise ValueError(f"{path}: not a harness report (no 'cases')")
+    cases = doc.get("cases") if isinstance(doc, dict) else None
+    if not isinstance(cases, dict) or not all(
+            isinstance(c, dict) and isinstance(c.get("components"), list) for c in cases.values()):
+        raise ValueError(f"{path}: not a harness report ('cases' must map case ids to reports with 'components')")
     return doc
 
 

@@ -155,24 +155,6 @@ class MTPConfig:
         cfg.validate()
         return cfg
 
-    def to_hf_dict(self) -> dict:
-        """The HY V4 ``config.json`` fields this config stands for."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("rope", "lm_head_fp32", "attention_sparse", "mlp_moe",
-                                 "softmax_scale_convention")}
-        out["enable_lm_head_fp32"] = self.lm_head_fp32
-        n = self.num_hidden_layers
-        out["layer_types"] = ["deepseek_sparse_attention" if self.attention_sparse else "full_attention"] * n
-        out["mlp_layer_types"] = ["sparse" if self.mlp_moe else "dense"] * n
-        r = self.rope
-        rp: dict[str, Any] = {"rope_type": r.rope_type, "rope_theta": r.theta}
-        if r.rope_type != "default":
-            rp.update(factor=r.factor, original_max_position_embeddings=r.original_max_position,
-                      beta_fast=r.beta_fast, beta_slow=r.beta_slow, mscale=r.mscale,
-                      mscale_all_dim=r.mscale_all_dim)
-        out["rope_parameters"] = rp
-        return out
-
     def validate(self) -> None:
         def need(cond: bool, msg: str) -> None:
             if not cond:
@@ -184,7 +166,10 @@ class MTPConfig:
         need(self.index_head_dim % 128 == 0,
              "index_head_dim must be a multiple of 128 (per-token-group FP8 groups of 128)")
         need(1 <= self.num_experts_per_tok <= self.n_routed_experts, "num_experts_per_tok out of range")
-        need(self.num_mtp_layers >= 1, "num_nextn_predict_layers")
+        need(self.num_nextn_predict_layers >= 1,
+             f"num_nextn_predict_layers must be >= 1 (got {self.num_nextn_predict_layers}): "
+             "with 0 vLLM builds a draft layer but loads none of its weights")
+        need(self.vocab_size >= 1 and self.hidden_size >= 1, "vocab_size and hidden_size must be >= 1")
 
 
 def _mtp_layer_kind(types: list[str] | None, num_hidden_layers: int, fallback: str) -> str:

@@ -13,7 +13,11 @@ The loop (K steps, R requests): step 0 runs over every request's new tokens
 (the target's hidden states and the next-token ids) on MTP layer 0; step
 k >= 1 runs one token per request: the previous step's greedy token at
 position last + k, fed with the previous step's output y (the normed hidden
-state), on MTP layer k mod num_mtp_layers. With index_share_for_mtp_iteration
+state), on MTP layer k mod num_mtp_layers: vLLM 0.33's MultiModuleMTPSpeculator
+(picked when min(num_nextn_predict_layers, K) > 1) cycles this way; its
+single-module MTPSpeculator, and the module-level runner in
+harness/production, call layer 0 at every step (harness.production.replay's
+default policy). With index_share_for_mtp_iteration
 the indexer runs only at step 0; its rows for each request's last token are
 compacted to the front of the top-k buffer and steps >= 1 reuse them.
 """

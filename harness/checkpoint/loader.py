@@ -514,7 +514,7 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
                                        ("mlp.experts.down_proj", dn, (e_n, h, inter))):
             ckpt = f"{pfx}mlp.experts.{'gate_up_proj' if canon_part.endswith('gate_up') else 'down_proj'}"
             if wname is None:
-                raise CheckpointError(listing, ckpt, f"missing (the other fused expert tensor is present)")
+                raise CheckpointError(listing, ckpt, "missing (the other fused expert tensor is present)")
             check_dtype(wname)
             sname = scale_of(canon_part, ("fused",), wname)
             is_gu = canon_part.endswith("gate_up")

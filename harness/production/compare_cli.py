@@ -18,32 +18,64 @@ DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers")
 
 
 def _case_for(args):
+    """The GpuCase ``compare`` runs: preset:NAME (seeded weights) or a GPU case id."""
+    from harness.presets import check_kernel_constraints, preset
+    from reference import ConfigError, MTPConfig
+
     from .side_by_side import GPU_CASES, GpuCase
 
     ckpt = args.ckpt or "preset:tiny"
     if ckpt in GPU_CASES:
-        return GPU_CASES[ckpt]
-    if ckpt.startswith("preset:"):
-        return GpuCase(f"{ckpt[7:]}-seed{args.seed}", preset=ckpt[7:], seed=args.seed, steps=args.steps,
+        case = GPU_CASES[ckpt]
+    elif ckpt.startswith("preset:"):
+        case = GpuCase(f"{ckpt[7:]}-seed{args.seed}", preset=ckpt[7:], seed=args.seed, steps=args.steps,
                        requests=2, tokens=160)
-    raise CLIError(f"{ckpt}: compare takes preset:NAME or a GPU case id ({', '.join(GPU_CASES)}); "
-                   "checkpoint directories run through the side-by-side module's --ckpt")
+        try:
+            preset(case.preset)
+        except KeyError as exc:
+            raise CLIError(str(exc.args[0])) from exc
+    else:
+        raise CLIError(f"{ckpt}: compare takes preset:NAME or a GPU case id ({', '.join(GPU_CASES)}); "
+                       "checkpoint directories are not wired into compare yet")
+    try:
+        check_kernel_constraints(MTPConfig.from_hf_dict(case.hf_config()))
+    except ConfigError as exc:
+        raise CLIError(f"{ckpt}: {exc}") from exc
+    return case
+
+
+def validate_args(command: str, args) -> None:
+    """CLIError (exit 2) for arguments no machine could run, before asking for a GPU."""
+    if command == "compare_command":
+        if getattr(args, "tp", 1) != 1:
+            raise CLIError("--tp > 1 is not wired into the production runner yet")
+        if args.steps < 1:
+            raise CLIError("--steps must be >= 1")
+        _case_for(args)
+    elif command == "bisect_command":
+        from .side_by_side import GPU_CASES
+
+        unknown = [c for c in (args.case or []) if c not in GPU_CASES]
+        if unknown:
+            raise CLIError(f"unknown case(s) {unknown}; known: {', '.join(GPU_CASES)}")
 
 
 def _run(case):
-    """(result, None) or (None, reason-it-cannot-judge)."""
+    """(result, None), or (None, reason) when production could not run the case.
+
+    A crash while building, loading or running vLLM (a missing kernel, a
+    refused config, a JIT failure) means "cannot judge" (exit 125), never
+    "numeric mismatch": git bisect then skips the commit instead of blaming it.
+    """
     from .side_by_side import run_case
 
     try:
-        from .runner import ProductionSession  # noqa: F401 - import errors mean no production path
-    except Exception as exc:  # noqa: BLE001
-        return None, f"production runner does not import: {exc.__class__.__name__}: {exc}"
-    return run_case(case), None
+        return run_case(case), None
+    except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
+        return None, f"production run of {case.id} failed: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def compare_command(args) -> int:
-    if getattr(args, "tp", 1) != 1:
-        raise CLIError("--tp > 1 is not wired into the production runner yet")
     case = _case_for(args)
     result, reason = _run(case)
     if reason:
@@ -64,9 +96,6 @@ def bisect_command(args) -> int:
     from .side_by_side import GPU_CASES, versions
 
     ids = args.case or list(DEFAULT_BISECT_CASES)
-    unknown = [c for c in ids if c not in GPU_CASES]
-    if unknown:
-        raise CLIError(f"unknown case(s) {unknown}; known: {', '.join(GPU_CASES)}")
     reports, verdict = {}, EXIT_OK
     for cid in ids:
         result, reason = _run(GPU_CASES[cid])

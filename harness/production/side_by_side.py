@@ -28,6 +28,8 @@ import traceback
 
 import torch
 
+from harness.atomic import atomic_write_json
+
 import reference as R
 from harness.checkpoint.names import to_checkpoint
 from harness.presets import preset
@@ -580,12 +582,10 @@ def main(argv=None) -> int:
         if not res["passed"]:
             worst = max(worst, 1)
         # write as we go: a later case that kills the process leaves the earlier ones judged
-        with open(os.path.join(out, "side_by_side.json"), "w") as f:
-            json.dump(summary, f, indent=1, default=str)
+        atomic_write_json(os.path.join(out, "side_by_side.json"), summary, default=str)
     if args.save_traces and pending:
         _flush(pending, out, n_files)
-    with open(os.path.join(out, "side_by_side.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+    atomic_write_json(os.path.join(out, "side_by_side.json"), summary, default=str)
     return worst
 
 

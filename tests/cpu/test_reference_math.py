@@ -76,6 +76,14 @@ def test_e4m3_rounds_to_nearest_even_and_saturates(x):
     assert abs(got - xc) == pytest.approx(float(best), abs=0.0)
 
 
+def test_e4m3_ties_round_to_even():
+    # Midpoints between neighbouring e4m3 values: 1.0625 sits between 1.0 (mantissa
+    # 000, even) and 1.125 (001, odd); 1.1875 between 1.125 (odd) and 1.25 (010, even).
+    x = torch.tensor([1.0625, 1.1875, -1.0625, 448.0 + 16.0, 0.0], dtype=torch.float64)
+    got = fp8.to_e4m3(x).to(torch.float64).tolist()
+    assert got == [1.0, 1.25, -1.0, 448.0, 0.0]
+
+
 @given(st.integers(0, 254))
 def test_ue8m0_decode_encode_roundtrip(b):
     byte = torch.tensor([b], dtype=torch.uint8)

@@ -43,6 +43,8 @@ def test_tp_sharded_equals_unsharded(t, moe_mode):
     first = make_case(cfg, 5, requests=2, tokens=6)
     one = draft(cfg, w, first, 2)
     many = draft(cfg, w, first, 2, tp=t, moe_mode=moe_mode)
+    # The all-reduce sums t partial o_proj / down_proj outputs: float64 summation
+    # order only (~1e-15 relative); 1e-9 leaves room for step 1 inheriting it.
     for k in range(2):
         for name, v in one.traces[k].items():
             torch.testing.assert_close(many.traces[k][name], v, rtol=1e-9, atol=1e-9, msg=f"step{k}.{name}")
@@ -55,6 +57,7 @@ def test_tp8_equals_unsharded_on_eight_heads(seed):
     first = make_case(cfg, seed, requests=1, tokens=3)
     a = draft(cfg, w, first, 1).traces[0]
     b = draft(cfg, w, first, 1, tp=8).traces[0]
+    # float64 summation order of the 8 partial sums, as above
     for name in ("attn.core", "attn.out", "moe.routed", "mlp.out", "logits"):
         torch.testing.assert_close(b[name], a[name], rtol=1e-9, atol=1e-9)
 
@@ -73,6 +76,7 @@ def test_sparse_with_topk_covering_context_equals_dense():
     a = draft(sparse, w, first, 3)
     dense_w = {k: v for k, v in w.items() if ".indexer." not in k}
     b = draft(dense, dense_w, first, 3)
+    # same keys, gathered in another order: float64 softmax/sum order only
     for k in range(3):
         for name in ("attn.core", "final_norm", "logits"):
             torch.testing.assert_close(a.traces[k][name], b.traces[k][name], rtol=1e-10, atol=1e-12)

@@ -11,7 +11,6 @@ must fail a trace with one semantic change (the attention sink ignored).
 from __future__ import annotations
 
 import pytest
-import torch
 
 import reference as R
 from harness.production.fp8_emulation import as_production_trace as _as_production
