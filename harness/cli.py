@@ -155,6 +155,15 @@ def cmd_mutants(args) -> int:
     return mutants_command(args)
 
 
+def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments shared by ``compare`` and ``main`` (which runs compare on a GPU)."""
+    p.add_argument("ckpt", metavar="CASE", nargs="?", default="preset:tiny", help="preset:NAME or a GPU case id")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--report", default=None, help="write the JSON report here")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,11 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(func=cmd_synth)
 
     c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/125)")
-    c.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny")
-    c.add_argument("--steps", type=int, default=2)
-    c.add_argument("--tp", type=int, default=1)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--report", default=None, help="write the JSON report here")
+    _add_side_by_side_arguments(c)
     c.set_defaults(func=cmd_compare)
 
     rp = sub.add_parser("report", help="print a JSON report; with two, the components whose error moved")
@@ -207,11 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     mu.set_defaults(func=cmd_mutants)
 
     m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens")
-    m.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny")
-    m.add_argument("--steps", type=int, default=2)
-    m.add_argument("--tp", type=int, default=1)
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--report", default=None)
+    _add_side_by_side_arguments(m)
     m.set_defaults(func=cmd_main_job)
     return p
 
