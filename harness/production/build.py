@@ -14,37 +14,51 @@ import socket
 
 import torch
 
-_DIST_READY = False
+_DIST_READY: int | bool = False  # world size once joined
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def init_single_process(vllm_config, device: torch.device) -> None:
-    """World size 1 process group, model-parallel groups and the workspace manager (once)."""
+def init_distributed(vllm_config, device: torch.device, *, world_size: int = 1, rank: int = 0,
+                     init_method: str | None = None) -> None:
+    """This process's rank of a ``world_size`` tensor-parallel group (once per process).
+
+    ``world_size`` 1 picks a free local port; for ``world_size`` > 1 every rank
+    must pass the same ``init_method`` (``tcp://host:port``) and ``device`` is
+    this rank's GPU (``local_rank`` = its index), as vLLM's workers do.
+    """
     global _DIST_READY
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
     if _DIST_READY:
+        if world_size != _DIST_READY:
+            raise RuntimeError(f"this process already joined a world of size {_DIST_READY}; "
+                               f"a world of size {world_size} needs fresh processes")
         return
+    if world_size > 1 and init_method is None:
+        raise ValueError("world_size > 1 needs one init_method shared by every rank")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    local_rank = device.index if device.index is not None else rank
     with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+        init_distributed_environment(world_size=world_size, rank=rank, local_rank=local_rank,
+                                     distributed_init_method=init_method or f"tcp://127.0.0.1:{free_port()}",
                                      backend=backend)
-        ensure_model_parallel_initialized(1, 1)
+        ensure_model_parallel_initialized(world_size, 1)
     try:
         from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized
         if not is_workspace_manager_initialized():
             init_workspace_manager(device)
     except ImportError:  # older vLLM: no workspace manager
         pass
-    _DIST_READY = True
+    _DIST_READY = world_size
 
 
 class _WarningTap(logging.Handler):

@@ -189,7 +189,7 @@ def _load_lines(cid: str) -> None:
     vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
     dev = torch.device("cpu")
     P.current_platform.device_type = "cpu"
-    build.init_single_process(vc, dev)
+    build.init_distributed(vc, dev)
     model = build.build_model(vc, dev)
     tap = build._WarningTap()
     lg = logging.getLogger("vllm.models.hy_v4.nvidia.mtp")

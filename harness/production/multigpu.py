@@ -1,0 +1,247 @@
+"""Tensor-parallel production runs: vLLM's ``HYV4MTP`` on N GPUs, one process per rank.
+
+vLLM's workers each join one TP group (``init_distributed_environment`` with
+``world_size`` = TP, their rank, their GPU) and build the same model; the
+linear layers shard themselves by rank, ``load_weights`` narrows every tensor
+to the rank's part (the learnable sink by head range), and collectives
+(all-reduce after row-parallel layers, all-gather of the vocab-parallel
+logits) run over NCCL. ``TPWorkers`` starts exactly that: TP spawned
+processes that stay up and run many cases (build, load, K proposer steps,
+hooks) each, so the CUDA/JIT start-up is paid once per pool.
+
+Every rank writes its own trace. ``merge_ranks`` turns the per-rank traces
+into one trace of full shapes, with a rule per component that says what TP
+does to it (the rules are asserted, not guessed: a component whose ranks
+disagree with its rule is reported):
+
+- replicated (embeddings, norms, the MLA down-projections, the indexer and its
+  top-k, router, post-all-reduce outputs, logits): every rank holds the same
+  full tensor; ranks must be bitwise equal; rank 0's is used;
+- head-sharded (``attn.q``, ``attn.core``, ``attn.gate``): rank r holds heads
+  [r*H/TP, (r+1)*H/TP); concatenated along the head dimension;
+- partial sums (``moe.shared``): rank r's output covers its slice of the
+  intermediate dimension; summed over ranks (float32);
+- anything else whose rank shape differs from the full shape (found by the
+  template trace: TP = 1 or the reference) is concatenated along the one
+  dimension that differs, and reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import traceback
+
+import torch
+
+HEAD_SHARDED = ("attn.q", "attn.core", "attn.gate")
+# HYV4MoE builds its shared experts with reduce_results=False: each rank's module
+# output is its intermediate slice's partial sum, all-reduced later together with
+# the routed experts' partial sums inside FusedMoE.
+PARTIAL_SUM = ("moe.shared",)
+
+
+def _worker(rank: int, world: int, init_method: str, jobs, results, log_dir: str) -> None:
+    """One TP rank: joins the group, then runs cases from ``jobs`` until it gets None."""
+    import dataclasses
+
+    from safetensors.torch import save_file
+
+    import reference as R
+    from harness.production.runner import ProductionSession
+    from harness.production.side_by_side import _case_from_dict, case_inputs
+
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        case_json, out_path = job
+        try:
+            case = _case_from_dict(json.loads(case_json))
+            hf, ckpt, _ = case_inputs(case)
+            cfg = R.MTPConfig.from_hf_dict(hf)
+            first = R.make_case(cfg, case.seed, case.requests, case.tokens)
+            sess = ProductionSession(hf, num_speculative_tokens=case.steps, device=dev,
+                                     tensor_parallel_size=world, rank=rank, init_method=init_method)
+            sess.load(ckpt, strict=not case.known_audit)
+            prod = sess.run(first, case.steps)
+            torch.cuda.synchronize(dev)
+            sinks = {n: p.detach().float().cpu().tolist() for n, p in sess.model.named_parameters()
+                     if "learnable_sink" in n}
+            save_file({k: v.contiguous() for k, v in prod.items()}, out_path)
+            results.put((rank, case.id, {"ok": True, "path": out_path, "audit": sess.audit_problems,
+                                         "step_notes": [dataclasses.asdict(n) for n in sess.notes],
+                                         "sinks": sinks}))
+            del sess
+            torch.cuda.empty_cache()
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+            results.put((rank, None, {"ok": False, "error": f"{exc.__class__.__name__}: {exc}",
+                                      "traceback": traceback.format_exc()}))
+
+
+class TPWorkerError(RuntimeError):
+    pass
+
+
+class TPWorkers:
+    """``with TPWorkers(2) as w: ranks, info = w.run(case)`` runs ``case`` at TP = 2.
+
+    ``ranks`` is the list of per-rank traces (``{"step{k}.{component}": tensor}``),
+    ``info`` per rank: audit problems, step notes, the loaded sink values.
+    """
+
+    def __init__(self, tp: int, *, timeout_s: float = 900.0) -> None:
+        if tp < 2:
+            raise ValueError(f"TPWorkers needs tp >= 2, got {tp}")
+        if torch.cuda.device_count() < tp:
+            raise TPWorkerError(f"TP={tp} needs {tp} GPUs, found {torch.cuda.device_count()}")
+        self.tp = tp
+        self.timeout_s = timeout_s
+        self.dir = tempfile.mkdtemp(prefix=f"hyv4-tp{tp}-")
+        self.procs: list = []
+
+    def __enter__(self) -> "TPWorkers":
+        import torch.multiprocessing as mp
+
+        from harness.production.build import free_port
+
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.jobs = [ctx.Queue() for _ in range(self.tp)]
+        init = f"tcp://127.0.0.1:{free_port()}"
+        for r in range(self.tp):
+            p = ctx.Process(target=_worker, args=(r, self.tp, init, self.jobs[r], self.results, self.dir),
+                            daemon=True)
+            p.start()
+            self.procs.append(p)
+        return self
+
+    def run(self, case) -> tuple[list[dict], list[dict]]:
+        import dataclasses
+        import queue
+
+        from safetensors.torch import load_file
+
+        case_json = json.dumps(dataclasses.asdict(case), sort_keys=True)
+        for r in range(self.tp):
+            self.jobs[r].put((case_json, os.path.join(self.dir, f"{case.id}.rank{r}.safetensors")))
+        got: dict[int, dict] = {}
+        while len(got) < self.tp:
+            try:
+                rank, _cid, info = self.results.get(timeout=self.timeout_s)
+            except queue.Empty:
+                dead = [f"rank {r} exit {p.exitcode}" for r, p in enumerate(self.procs) if not p.is_alive()]
+                raise TPWorkerError(f"TP={self.tp} case {case.id}: no answer in {self.timeout_s:.0f} s"
+                                    + (f" ({', '.join(dead)})" if dead else "")) from None
+            if not info["ok"]:
+                raise TPWorkerError(f"TP={self.tp} case {case.id}, rank {rank}: {info['error']}\n"
+                                    f"{info['traceback']}")
+            got[rank] = info
+        traces = [load_file(got[r]["path"]) for r in range(self.tp)]
+        for r in range(self.tp):
+            os.unlink(got[r]["path"])
+        return traces, [got[r] for r in range(self.tp)]
+
+    def __exit__(self, *exc) -> None:
+        for q in self.jobs:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _component(key: str) -> str:
+    return key.split(".", 1)[1] if key.startswith("step") and "." in key else key
+
+
+def merge_ranks(ranks: list[dict], template: dict) -> tuple[dict, dict]:
+    """One full-shape trace from per-rank traces; (trace, {key: rule or problem}).
+
+    ``template`` holds the full shapes (a TP = 1 trace or the reference's). The
+    rules are in the module docstring; a replicated component whose ranks are
+    not bitwise equal, or a sharded one whose shapes do not add up, is reported
+    in the second dict under ``"problem: ..."`` (a replicated one keeps rank 0's
+values, so the comparison with the reference still runs; a tiling problem is
+left out of the trace).
+    """
+    tp = len(ranks)
+    merged: dict = {}
+    rules: dict = {}
+    for key in ranks[0]:
+        parts = [r[key] for r in ranks]
+        full = template.get(key)
+        shapes = {tuple(p.shape) for p in parts}
+        if _component(key) in PARTIAL_SUM and len(shapes) == 1 and (
+                full is None or tuple(parts[0].shape) == tuple(full.shape)):
+            merged[key] = torch.stack([p.float() for p in parts]).sum(0)
+            rules[key] = "partial-sum: summed over ranks"
+            continue
+        if full is None or tuple(parts[0].shape) == tuple(full.shape):
+            if len(shapes) == 1 and all(torch.equal(parts[0], p) for p in parts[1:]):
+                merged[key] = parts[0]
+                rules[key] = "replicated"
+            else:
+                diff = max(float((p.double() - parts[0].double()).abs().max()) for p in parts[1:]) \
+                    if len(shapes) == 1 else None
+                rules[key] = f"problem: replicated component differs across ranks (max diff {diff})"
+                merged[key] = parts[0]  # judged as rank 0's; the problem is reported
+            continue
+        dims = [d for d in range(full.dim()) if parts[0].shape[d] != full.shape[d]]
+        if (len(shapes) == 1 and parts[0].dim() == full.dim() and len(dims) == 1
+                and parts[0].shape[dims[0]] * tp == full.shape[dims[0]]):
+            merged[key] = torch.cat(parts, dim=dims[0])
+            kind = "head-sharded" if _component(key) in HEAD_SHARDED else "sharded"
+            rules[key] = f"{kind}: concatenated along dim {dims[0]}"
+        else:
+            rules[key] = (f"problem: rank shapes {sorted(shapes)} do not tile the full shape "
+                          f"{tuple(full.shape)} over {tp} ranks")
+    return merged, rules
+
+
+def run_case_tp(workers: TPWorkers, case) -> dict:
+    """``case`` at TP = ``workers.tp`` and in this process at TP = 1, each judged against
+    the reference; plus TP vs TP1 (``result["tp_vs_tp1"]``) and the merge rules."""
+    from harness import compare
+    from harness.production.side_by_side import PRODUCTION_COMPONENTS, judge, run_case
+    from harness.production.tolerances import tolerances_for
+
+    tp1 = run_case(case)
+    ranks, infos = workers.run(case)
+    merged, rules = merge_ranks(ranks, tp1["_prod"])
+    tpn = judge(case, merged, {"audit": sorted({p for i in infos for p in i["audit"]}),
+                               "step_notes": infos[0]["step_notes"]})
+    # TP = N vs TP = 1, both normalised as ``judge`` does (indexer scale recovered,
+    # expert ids sorted); index-set ties judged on the reference's scores. The
+    # bounds are the reference tables: each run is within them of the spec, and TP
+    # moves only the reduction order (per-rank partial sums rounded to bf16 before
+    # the all-reduce), which is far below them.
+    expected = dict(tp1["_prod_cmp"])
+    expected.update({k: v for k, v in tp1["_ref"].items() if k.endswith(".indexer.scores")})
+    vs = compare.compare_traces(tpn["_prod_cmp"], expected, tolerances_for(case.quant),
+                                components=PRODUCTION_COMPONENTS)
+    bitwise = sorted(k for k in merged if k in tp1["_prod"] and merged[k].shape == tp1["_prod"][k].shape
+                     and torch.equal(merged[k], tp1["_prod"][k]))
+    return {"case": case.id, "tp": workers.tp, "tp1": tp1, "tpn": tpn, "rules": rules,
+            "tp_vs_tp1": vs, "bitwise_equal_to_tp1": bitwise,
+            "sinks": {r: i["sinks"] for r, i in enumerate(infos)}}
+
+
+def summary(res: dict) -> dict:
+    """The JSON-able part of ``run_case_tp``'s result, for reports."""
+    vs = res["tp_vs_tp1"]
+    return {
+        "case": res["case"], "tp": res["tp"],
+        "tp1_vs_reference": res["tp1"]["passed"], "tpn_vs_reference": res["tpn"]["passed"],
+        "tpn_first_divergent": res["tpn"]["first_divergent"],
+        "tp_vs_tp1": vs.passed, "tp_vs_tp1_first_divergent": vs.first_divergent.name if vs.first_divergent else None,
+        "tp_vs_tp1_rows": [{"key": r.name, "passed": r.passed, "max_abs": r.max_abs, "note": r.note}
+                           for r in vs.results],
+        "rules": res["rules"], "bitwise_equal_to_tp1": res["bitwise_equal_to_tp1"],
+        "tokens": {"tp1": res["tp1"]["tokens"]["production"], "tpn": res["tpn"]["tokens"]["production"]},
+    }
