@@ -219,6 +219,18 @@ def compare_traces(actual: dict, expected: dict, tolerances: dict[str, Tolerance
     return Report(results)
 
 
+def logit_margin_decisive(logits_row: torch.Tensor, tol: Tolerance) -> bool:
+    """Is the greedy token of ``logits_row`` [V] decided beyond the logits' error bound?
+
+    True when top1 - top2 > 2 * (atol + rtol * |top1|): two logit vectors each
+    within ``tol`` of the truth cannot swap their argmax. Otherwise a differing
+    token is a near-tie, not a mismatch.
+    """
+    top2 = torch.topk(logits_row.double(), 2).values
+    bound = 2 * (tol.atol + tol.rtol * float(top2[0].abs()))
+    return float(top2[0] - top2[1]) > bound
+
+
 def compare_draft_tokens(name: str, actual: torch.Tensor, expected: torch.Tensor,
                          logits: torch.Tensor | None, tol: Tolerance | None) -> ComponentResult:
     """Exact equality where the expected top-2 logit margin exceeds the error bound."""
@@ -230,12 +242,9 @@ def compare_draft_tokens(name: str, actual: torch.Tensor, expected: torch.Tensor
     differ = torch.nonzero(a != e).flatten().tolist()
     undecided = 0
     for r in differ:
-        if logits is not None and tol is not None:
-            top2 = torch.topk(logits[r].double(), 2).values
-            bound = 2 * (tol.atol + tol.rtol * float(top2[0].abs()))
-            if float(top2[0] - top2[1]) <= bound:
-                undecided += 1
-                continue
+        if logits is not None and tol is not None and not logit_margin_decisive(logits[r], tol):
+            undecided += 1
+            continue
         res.passed = False
         res.worst_index = (r,)
         res.worst_actual, res.worst_expected = float(a[r]), float(e[r])

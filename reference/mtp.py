@@ -70,13 +70,17 @@ def layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, tor
 
 def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: DraftCache,
                  layer: int, num: Numerics = EXACT, *, run_indexer: bool = True,
-                 topk_rows: torch.Tensor | None = None) -> "OrderedDict[str, torch.Tensor]":
+                 topk_rows: torch.Tensor | None = None,
+                 logit_rows: torch.Tensor | None = None) -> "OrderedDict[str, torch.Tensor]":
     """One MTP layer forward over ``inp``; returns the trace of every component.
 
     ``shards``: the layer's weights per TP rank (one shard = unsharded).
     ``topk_rows``: [T, index_topk] key positions to attend (-1 = none), used
     when ``run_indexer`` is False (index sharing); written into the trace as
-    ``attn.topk``. Writes this step's KV into ``cache`` before attending.
+    ``attn.topk``. ``logit_rows``: the rows whose logits / greedy token are
+    computed (default: each request's last row; the engine's proposer samples
+    each request's last *accepted* row). Writes this step's KV into ``cache``
+    before attending.
     """
     lw = shards[0].weights  # replicated parts are identical on every rank
     tr: OrderedDict[str, torch.Tensor] = OrderedDict()
@@ -173,7 +177,7 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
     tr["mlp.out"] = m = num.store(mlp_out)
 
     tr["final_norm"] = y = rms_norm(num.up(m) + num.up(r1), lw["final_layernorm"], cfg.rms_norm_eps, num)
-    last = inp.last_rows()
+    last = inp.last_rows() if logit_rows is None else logit_rows
     head_dtype = num.fp32 if cfg.lm_head_fp32 else num.act
     tr["logits"] = logits = num.linear(y[last], lw["lm_head"], out=head_dtype)
     tr["draft_token"] = torch.argmax(logits, dim=-1)

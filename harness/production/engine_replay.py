@@ -1,0 +1,315 @@
+"""The reference replaying the draft forwards recorded in a ``vllm.LLM`` run (CPU, no vLLM import).
+
+``harness.production.engine`` records every forward the engine's MTP proposer
+makes through ``HYV4MTP`` (one ``DraftCall`` each, in order). This module turns
+those records into the reference's draft tokens and a verdict:
+
+Requests. Rows of a call belong to requests by the attention metadata's
+``query_start_loc`` (request-major, as vLLM lays out a batch). A request is
+identified across calls by the first block of its block table, which stays the
+request's for its life; a draft step 0 that holds a request's position 0 starts
+a new request (its blocks may be recycled ones).
+
+KV context. One ``reference.DraftCache`` for the whole run, written call by call
+at the recorded positions, exactly as production's slot mapping writes the draft
+KV cache: step 0 writes every scheduled row (rejected positions included), steps
+k >= 1 write one position per request, and a later call overwrites what a
+rejected draft left behind. A query at position p reads keys 0..p only, so it
+never sees a stale entry beyond itself.
+
+Top-k. With sparse attention the reference runs its own indexer wherever
+production does (step 0; every step without ``index_share_for_mtp_iteration``),
+then, like ``replay.py``, re-runs the step with production's top-k rows forced
+(when recorded) so a near-tie in the indexer does not show up as a draft-token
+difference. With index sharing, steps >= 1 reuse step 0's rows compacted to the
+sampled rows (``compact_topk_indices``).
+
+Verdict. Draft tokens are compared at the rows production passed to
+``compute_logits``; exact equality is required where the reference's top-2 logit
+margin is decisive (``harness.compare.logit_margin_decisive``), other rows are
+counted as ties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import reference as R
+from reference.mtp import StepInput, compact_topk, forward_step, layer_weights
+from reference.tp import shard_all
+
+# float components compared per call for diagnostics (production trace vs reference)
+DIAGNOSTIC_COMPONENTS = ("embed_masked", "enorm", "hnorm", "eh_proj", "attn.kv_c", "attn.k_pe", "attn.core",
+                         "attn.out", "attn.residual", "moe.router_logits", "mlp.out", "final_norm")
+
+
+@dataclasses.dataclass
+class DraftCall:
+    """One forward of the drafter inside one ``propose`` (all tensors on CPU)."""
+
+    engine_step: int  # index of the propose() call (one per engine step), -1: outside propose
+    draft_step: int  # 0: the ragged first pass over every scheduled token; k >= 1: one token per request
+    input_ids: torch.Tensor  # [T] long (T = num_actual_tokens, padding dropped)
+    positions: torch.Tensor  # [T] long
+    hidden: torch.Tensor  # [T, H] hidden states fed to the drafter (bf16 as fed)
+    query_start_loc: torch.Tensor  # [R + 1] long
+    request_keys: torch.Tensor  # [R] long, block_table[:, 0] of each request
+    seq_lens: torch.Tensor | None = None  # [R] from the attention metadata
+    spec_step_idx: int = 0
+    sample_rows: torch.Tensor | None = None  # [S] rows passed to compute_logits (None: not called)
+    tokens: torch.Tensor | None = None  # [S] production's argmax of those logits
+    logits: torch.Tensor | None = None  # [S, V] production logits (float32)
+    topk_rows: torch.Tensor | None = None  # [T, index_topk] rows the sparse attention read
+    trace: dict = dataclasses.field(default_factory=dict)  # production components (capture.py names)
+    notes: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+@dataclasses.dataclass
+class CallReplay:
+    tokens: torch.Tensor | None  # [S] reference greedy tokens at the sample rows
+    logits: torch.Tensor | None  # [S, V] reference logits there
+    trace: dict  # the reference trace of the step (forced top-k when available)
+    topk_rows_differing: int = 0  # rows whose reference top-k set differs from production's
+    error: str | None = None
+
+
+def token_requests(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[T] batch-local request index of each row from ``query_start_loc`` [R + 1]."""
+    qsl = query_start_loc.long().flatten()
+    if qsl.numel() < 2 or int(qsl[0]) != 0 or bool((qsl[1:] < qsl[:-1]).any()):
+        raise ValueError(f"query_start_loc must start at 0 and not decrease: {qsl.tolist()[:16]}")
+    if int(qsl[-1]) != num_tokens:
+        raise ValueError(f"query_start_loc ends at {int(qsl[-1])}, the call has {num_tokens} tokens")
+    return torch.repeat_interleave(torch.arange(qsl.numel() - 1), qsl[1:] - qsl[:-1])
+
+
+class RequestRegistry:
+    """Stable reference request ids across calls, keyed by each request's first KV block."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[int, int] = {}
+        self.count = 0
+
+    def assign(self, call: DraftCall) -> torch.Tensor:
+        """[T] reference request id of each row of ``call``."""
+        local = token_requests(call.query_start_loc, call.num_tokens)
+        keys = call.request_keys.long().tolist()
+        if len(keys) != call.query_start_loc.numel() - 1:
+            raise ValueError(f"{len(keys)} request keys for {call.query_start_loc.numel() - 1} requests")
+        ids = []
+        for r, key in enumerate(keys):
+            starts = call.draft_step == 0 and bool((call.positions[local == r] == 0).any())
+            if key not in self._by_key or starts:
+                self._by_key[key] = self.count
+                self.count += 1
+            ids.append(self._by_key[key])
+        return torch.tensor(ids, dtype=torch.long)[local]
+
+
+def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numerics = R.EXACT, *,
+           force_production_topk: bool = True) -> list[CallReplay]:
+    """The reference over ``calls`` in order (see the module doc); one ``CallReplay`` per call.
+
+    A call that cannot be replayed (bad metadata, unwritten KV) gets ``error``
+    set and the replay goes on with the next call.
+    """
+    cache = R.DraftCache()
+    registry = RequestRegistry()
+    shards = {j: shard_all(cfg, layer_weights(weights, j), 1, "tp") for j in range(cfg.num_mtp_layers)}
+    shared_rows = None
+    out: list[CallReplay] = []
+    for call in calls:
+        try:
+            res, compacted = _replay_call(cfg, shards, call, cache, registry, num, force_production_topk,
+                                          shared_rows)
+        except (ValueError, R.UnwrittenKVError) as exc:
+            res, compacted = CallReplay(None, None, {}, error=f"{exc.__class__.__name__}: {exc}"), None
+        if call.draft_step == 0:
+            shared_rows = compacted
+        out.append(res)
+    return out
+
+
+def _replay_call(cfg, shards, call: DraftCall, cache, registry, num, force, shared_rows):
+    """(CallReplay, step 0's top-k rows compacted to the sampled rows, or None)."""
+    t = call.num_tokens
+    request = registry.assign(call)
+    inp = StepInput(call.input_ids.long(), call.positions.long(),
+                    call.hidden.to(torch.bfloat16).to(torch.float64), request)
+    layer = call.spec_step_idx % cfg.num_mtp_layers
+    rows = call.sample_rows.long() if call.sample_rows is not None else None
+    if rows is not None and bool(((rows < 0) | (rows >= t)).any()):
+        rows = None  # unmatched sample rows: replay the KV writes, compare no token here
+    kw = {"logit_rows": rows} if rows is not None else {}
+    step = lambda **k: forward_step(cfg, shards[layer], inp, cache, layer, num, **kw, **k)  # noqa: E731
+    if not cfg.attention_sparse:
+        return _result(step(), rows), None
+    share = cfg.index_share_for_mtp_iteration and call.draft_step >= 1
+    prod = call.topk_rows
+    if prod is not None and tuple(prod.shape) != (t, cfg.index_topk):
+        prod = None
+    own = None if share else step(run_indexer=True)
+    ref_rows = own["indexer.topk"] if own is not None else (None if shared_rows is None else shared_rows[:t])
+    if force and prod is not None:
+        forced = prod.long().clone()
+        forced[forced < 0] = -1
+        tr = step(run_indexer=False, topk_rows=forced)
+    elif own is not None:
+        tr = own
+    elif ref_rows is not None:
+        tr = step(run_indexer=False, topk_rows=ref_rows)
+    else:
+        raise ValueError("index sharing: a draft step >= 1 with neither production's top-k rows "
+                         "nor a replayed step 0 to take them from")
+    res = _result(tr, rows)
+    if prod is not None and ref_rows is not None:
+        res.topk_rows_differing = sum(
+            set(a[a >= 0].tolist()) != set(b[b >= 0].tolist()) for a, b in zip(ref_rows.long(), prod.long()))
+    compacted = None
+    if own is not None and cfg.index_share_for_mtp_iteration and call.draft_step == 0 and rows is not None:
+        compacted = compact_topk(own["indexer.topk"], rows)
+    return res, compacted
+
+
+def _result(tr: dict, rows) -> CallReplay:
+    if rows is None:
+        return CallReplay(None, None, dict(tr))
+    return CallReplay(tr["draft_token"].clone(), tr["logits"].clone(), dict(tr))
+
+
+# ---- verdicts ----------------------------------------------------------------------------------
+
+def judge_tokens(calls: list[DraftCall], replays: list[CallReplay], logits_tol) -> dict:
+    """Counts of the draft-token comparison (see the module doc) plus the first mismatches."""
+    from harness.compare import logit_margin_decisive
+
+    c = {"drafted": 0, "compared": 0, "ties": 0, "ties_differing": 0, "mismatches": 0,
+         "not_replayed": 0, "mismatch_examples": []}
+    for i, (call, rep) in enumerate(zip(calls, replays)):
+        if call.tokens is None:
+            continue
+        c["drafted"] += int(call.tokens.numel())
+        if rep.tokens is None:
+            c["not_replayed"] += int(call.tokens.numel())
+            continue
+        for s, (a, e) in enumerate(zip(call.tokens.long().tolist(), rep.tokens.long().tolist())):
+            if not logit_margin_decisive(rep.logits[s], logits_tol):
+                c["ties"] += 1
+                c["ties_differing"] += int(a != e)
+                continue
+            c["compared"] += 1
+            if a != e:
+                c["mismatches"] += 1
+                if len(c["mismatch_examples"]) < 10:
+                    top2 = torch.topk(rep.logits[s].double(), 2)
+                    c["mismatch_examples"].append({
+                        "call": i, "engine_step": call.engine_step, "draft_step": call.draft_step,
+                        "sample_row": int(call.sample_rows[s]), "position": int(call.positions[call.sample_rows[s]]),
+                        "production": a, "reference": e,
+                        "reference_top2": [[int(x) for x in top2.indices], [float(x) for x in top2.values]],
+                        "production_logit_of_reference_token": (float(call.logits[s, e])
+                                                                if call.logits is not None else None)})
+    return c
+
+
+def component_errors(calls: list[DraftCall], replays: list[CallReplay], tolerances: dict) -> dict:
+    """Per component: max |production - reference| over all calls (and where), and how many
+    calls exceed ``tolerances[component]`` (diagnostics: MoE routing ties are not masked here)."""
+    from harness.compare import compare_values
+
+    out: dict = {}
+    for i, (call, rep) in enumerate(zip(calls, replays)):
+        for comp in DIAGNOSTIC_COMPONENTS:
+            a, e = call.trace.get(comp), rep.trace.get(comp)
+            if a is None or e is None or a.shape[0] < e.shape[0]:
+                continue
+            a = a[: e.shape[0]]
+            if a.shape != e.shape:
+                continue
+            d = out.setdefault(comp, {"max_abs": 0.0, "call": None, "calls_out_of_tol": 0, "first_out_of_tol": None})
+            diff = float((a.double() - e.double()).abs().max()) if a.numel() else 0.0
+            if diff >= d["max_abs"]:
+                d["max_abs"], d["call"] = diff, i
+            tol = tolerances.get(comp)
+            if tol is not None and not compare_values(comp, a, e, tol).passed:
+                d["calls_out_of_tol"] += 1
+                if d["first_out_of_tol"] is None:
+                    d["first_out_of_tol"] = {"call": i, "engine_step": call.engine_step,
+                                             "draft_step": call.draft_step, "max_abs": diff}
+        if call.logits is not None and rep.logits is not None and call.logits.shape == rep.logits.shape:
+            d = out.setdefault("logits", {"max_abs": 0.0, "call": None})
+            diff = float((call.logits.double() - rep.logits.double()).abs().max())
+            if diff >= d["max_abs"]:
+                d["max_abs"], d["call"] = diff, i
+    return out
+
+
+def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None) -> dict:
+    """What the engine did: draft steps per engine step, longest context, accepted drafts,
+    sampled rows that were not their request's last row, metadata seq_lens disagreements,
+    and whether each propose() returned the argmax tokens its compute_logits calls produced."""
+    steps: dict[int, int] = {}
+    max_context = 0
+    sampled_not_last = seq_len_disagree = 0
+    first_pos: dict[int, list[int]] = {}
+    for call in calls:
+        if call.engine_step < 0:
+            continue
+        steps[call.engine_step] = max(steps.get(call.engine_step, 0), call.draft_step + 1)
+        if call.num_tokens:
+            max_context = max(max_context, int(call.positions.max()) + 1)
+        try:
+            local = token_requests(call.query_start_loc, call.num_tokens)
+        except ValueError:
+            continue
+        last = [int(torch.nonzero(local == r).max()) for r in range(call.query_start_loc.numel() - 1)
+                if bool((local == r).any())]
+        if call.sample_rows is not None and call.draft_step == 0:
+            sampled_not_last += sum(int(s) not in last for s in call.sample_rows.tolist())
+        if call.seq_lens is not None and call.seq_lens.numel() >= len(last):
+            for r, row in enumerate(last):
+                seq_len_disagree += int(int(call.seq_lens[r]) != int(call.positions[row]) + 1)
+        if call.draft_step == 0:
+            for r, key in enumerate(call.request_keys.tolist()):
+                if bool((local == r).any()):
+                    first_pos.setdefault(int(key), []).append(int(call.positions[local == r].min()))
+    accepted = []
+    for starts in first_pos.values():
+        accepted += [b - a - 1 for a, b in zip(starts[1:], starts[2:])]  # skip the prefill step
+    hist: dict[int, int] = {}
+    for n in steps.values():
+        hist[n] = hist.get(n, 0) + 1
+    facts = {"engine_steps": len(steps), "draft_steps_per_engine_step": hist,
+             "max_draft_steps": max(steps.values(), default=0), "max_context": max_context,
+             "outside_propose_calls": sum(c.engine_step < 0 for c in calls),
+             "sampled_row_not_last_row": sampled_not_last, "seq_len_disagreements": seq_len_disagree,
+             "accepted_drafts_per_step": {str(k): accepted.count(k) for k in sorted(set(accepted))}}
+    if proposals is not None:
+        facts["proposal_token_disagreements"] = _proposal_disagreements(calls, proposals)
+    return facts
+
+
+def _proposal_disagreements(calls: list[DraftCall], proposals: list[dict]) -> int:
+    """Rows where propose()'s returned draft token k differs from draft step k's argmax
+    (columns of steps that did not run, e.g. a shortened speculation, are skipped)."""
+    by_step = {(c.engine_step, c.draft_step): c for c in calls}
+    bad = 0
+    for p in proposals:
+        drafts = p.get("draft_tokens")
+        if drafts is None or drafts.dim() != 2:
+            continue
+        for k in range(drafts.shape[1]):
+            call = by_step.get((p["engine_step"], k))
+            if call is None:
+                continue
+            if call.tokens is None or call.tokens.numel() != drafts.shape[0]:
+                bad += drafts.shape[0]
+                continue
+            bad += int((call.tokens.long() != drafts[:, k].long()).sum())
+    return bad

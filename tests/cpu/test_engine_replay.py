@@ -1,0 +1,239 @@
+"""CPU: the bookkeeping of the engine-level test (harness.production.engine / engine_replay).
+
+Request mapping from query_start_loc + block tables, row matching of the sampled
+rows, the replay's KV semantics (rejected positions overwritten, unwritten ones
+reported), index sharing, the token verdict and the run facts. No vLLM needed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference as R
+from harness.cases import CASES
+from harness.compare import logit_margin_decisive
+from harness.production.engine import match_rows, verdict_problems, worst_exit_code
+from harness.production.engine_replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
+                                              token_requests)
+from harness.production.tolerances import tolerances_for
+
+LOGITS_TOL = tolerances_for("bf16")["logits"]
+
+
+def _qsl(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+
+
+def _call(step, k, inp: R.StepInput, keys, sample_rows=None, **kw) -> DraftCall:
+    lengths = torch.bincount(inp.request).tolist()
+    return DraftCall(step, k, inp.input_ids, inp.positions, inp.hidden.to(torch.bfloat16), _qsl(lengths),
+                     torch.tensor(keys), sample_rows=sample_rows, **kw)
+
+
+def test_token_requests_from_query_start_loc():
+    assert token_requests(torch.tensor([0, 3, 4, 7]), 7).tolist() == [0, 0, 0, 1, 2, 2, 2]
+    assert token_requests(torch.tensor([0, 0, 2]), 2).tolist() == [1, 1]  # an empty request
+    with pytest.raises(ValueError):
+        token_requests(torch.tensor([0, 3, 2]), 2)
+    with pytest.raises(ValueError):
+        token_requests(torch.tensor([0, 3]), 4)
+
+
+def test_registry_follows_block_keys_and_restarts_at_position_zero():
+    reg = RequestRegistry()
+    hid = torch.zeros(5, 2)
+    c0 = DraftCall(0, 0, torch.zeros(5, dtype=torch.long), torch.tensor([0, 1, 2, 0, 1]), hid,
+                   torch.tensor([0, 3, 5]), torch.tensor([40, 7]))
+    assert reg.assign(c0).tolist() == [0, 0, 0, 1, 1]
+    # next step, batch reordered: ids follow the block keys, not the batch order
+    c1 = DraftCall(0, 1, torch.zeros(2, dtype=torch.long), torch.tensor([2, 3]), hid[:2],
+                   torch.tensor([0, 1, 2]), torch.tensor([7, 40]))
+    assert reg.assign(c1).tolist() == [1, 0]
+    # a recycled block at position 0 of a step 0 is a new request
+    c2 = DraftCall(1, 0, torch.zeros(2, dtype=torch.long), torch.tensor([0, 1]), hid[:2],
+                   torch.tensor([0, 2]), torch.tensor([40]))
+    assert reg.assign(c2).tolist() == [2, 2]
+
+
+def test_match_rows_finds_gathered_copies():
+    out = torch.randn(6, 4).to(torch.bfloat16)
+    rows, amb = match_rows(out[[5, 1, 3]].clone(), out)
+    assert rows.tolist() == [5, 1, 3] and amb == 0
+    out[2] = out[1]
+    rows, amb = match_rows(torch.stack([out[1], torch.ones(4, dtype=torch.bfloat16)]), out)
+    assert rows.tolist() == [1, -1] and amb == 2
+
+
+@pytest.mark.parametrize("case_id", ["tiny-moe-sink-elementwise", "tiny-share-indexer"])
+def test_replay_of_one_proposal_is_the_reference_draft(case_id):
+    """Calls laid out as the engine records one propose(): the replay reproduces reference.draft
+    (step 0 exactly; steps >= 1 are fed bf16 hidden states, so within the token verdict)."""
+    case = CASES[case_id]
+    cfg, w, first = case.config(), case.weights(), case.first_step()
+    res = R.draft(cfg, w, first, case.steps)
+    last = first.last_rows()
+    calls = []
+    for k, inp in enumerate(res.inputs):
+        calls.append(_call(0, k, inp, [9, 3], sample_rows=last if k == 0 else torch.arange(len(last))))
+    reps = replay(cfg, w, calls)
+    assert not [r.error for r in reps if r.error]
+    assert torch.equal(reps[0].tokens, res.tokens[:, 0])
+    assert torch.equal(reps[0].logits, res.traces[0]["logits"])
+    for c, r in zip(calls, res.traces):
+        c.tokens, c.logits = r["draft_token"], r["logits"].float()
+    verdict = judge_tokens(calls, reps, LOGITS_TOL)
+    assert verdict["mismatches"] == 0 and verdict["drafted"] == len(last) * case.steps
+    assert verdict["compared"] + verdict["ties"] == verdict["drafted"]
+    # production's top-k rows forced: the same rows give the same tokens
+    for c, r in zip(calls, res.traces):
+        c.topk_rows = r["attn.topk"].to(torch.int32)
+    forced = replay(cfg, w, calls)
+    assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(forced, reps))
+    assert sum(r.topk_rows_differing for r in forced) == 0
+
+
+def _engine_calls(cfg, gen, rejected_step: bool):
+    """Prefill of 2 requests (K=2), then the next engine step's step 0 over positions L..L+2.
+    With ``rejected_step`` a draft step 1 writes garbage at position L first (a rejected draft)."""
+    first = R.make_case(cfg, 5, 2, 6)
+    last = first.last_rows()
+    calls = [_call(0, 0, first, [11, 4], sample_rows=last)]
+    lens = torch.bincount(first.request)
+    if rejected_step:
+        junk = R.StepInput(torch.randint(0, cfg.vocab_size, (2,), generator=gen), lens.clone(),
+                           torch.randn(2, cfg.hidden_size, generator=gen).to(torch.bfloat16).double(),
+                           torch.arange(2))
+        calls.append(_call(0, 1, junk, [11, 4], sample_rows=torch.arange(2)))
+    gen.manual_seed(1)  # the engine step's inputs are the same in both runs
+    pos = torch.cat([torch.arange(int(n), int(n) + 3) for n in lens])
+    step = R.StepInput(torch.randint(0, cfg.vocab_size, (6,), generator=gen), pos,
+                       torch.randn(6, cfg.hidden_size, generator=gen).to(torch.bfloat16).double(),
+                       torch.arange(2).repeat_interleave(3))
+    calls.append(_call(1, 0, step, [11, 4], sample_rows=torch.tensor([0, 4])))  # accepted 0 and 1
+    return calls
+
+
+def test_rejected_positions_are_overwritten_by_the_next_step():
+    cfg, w = CASES["tiny-moe-sink-elementwise"].config(), CASES["tiny-moe-sink-elementwise"].weights()
+    clean = replay(cfg, w, _engine_calls(cfg, torch.Generator().manual_seed(0), False))
+    dirty = replay(cfg, w, _engine_calls(cfg, torch.Generator().manual_seed(0), True))
+    assert not [r.error for r in clean + dirty if r.error]
+    assert torch.equal(clean[-1].logits, dirty[-1].logits)
+    assert torch.equal(clean[-1].trace["final_norm"], dirty[-1].trace["final_norm"])
+
+
+def test_a_position_nothing_wrote_is_reported_not_read():
+    cfg, w = CASES["tiny-moe-sink-elementwise"].config(), CASES["tiny-moe-sink-elementwise"].weights()
+    calls = _engine_calls(cfg, torch.Generator().manual_seed(0), False)
+    calls[-1].positions = calls[-1].positions + 2  # skips two positions of each request
+    reps = replay(cfg, w, calls)
+    assert reps[0].error is None and "UnwrittenKVError" in reps[-1].error
+    assert judge_tokens(calls[-1:], reps[-1:], LOGITS_TOL)["drafted"] == 0  # no production tokens set
+
+
+def test_index_sharing_without_step0_is_an_error_not_a_crash():
+    case = CASES["tiny-share-indexer"]
+    cfg, w, first = case.config(), case.weights(), case.first_step()
+    res = R.draft(cfg, w, first, 2)
+    call = _call(0, 1, res.inputs[1], [1, 2], sample_rows=torch.arange(2))
+    (rep,) = replay(cfg, w, [call])
+    assert rep.error and "index sharing" in rep.error
+
+
+def test_judge_counts_ties_and_decisive_mismatches():
+    logits = torch.zeros(3, 8)
+    logits[0, 2] = 5.0                     # decisive: token 2
+    logits[1, 3], logits[1, 4] = 1.0, 0.99  # near-tie
+    logits[2, 6] = 4.0                     # decisive: token 6
+    assert logit_margin_decisive(logits[0], LOGITS_TOL) and not logit_margin_decisive(logits[1], LOGITS_TOL)
+    call = DraftCall(0, 0, torch.zeros(3, dtype=torch.long), torch.arange(3), torch.zeros(3, 2),
+                     torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3]), sample_rows=torch.arange(3),
+                     tokens=torch.tensor([2, 4, 5]), logits=logits)
+    v = judge_tokens([call], [CallReplay(torch.tensor([2, 3, 6]), logits.double(), {})], LOGITS_TOL)
+    assert (v["drafted"], v["compared"], v["ties"], v["ties_differing"], v["mismatches"]) == (3, 2, 1, 1, 1)
+    assert v["mismatch_examples"][0]["production"] == 5 and v["mismatch_examples"][0]["reference"] == 6
+
+
+def test_run_facts_steps_acceptance_and_proposals():
+    def c(step, k, pos, qsl, keys, toks):
+        return DraftCall(step, k, torch.zeros(len(pos), dtype=torch.long), torch.tensor(pos), torch.zeros(len(pos), 2),
+                         torch.tensor(qsl), torch.tensor(keys), sample_rows=torch.arange(len(toks)),
+                         tokens=torch.tensor(toks))
+    calls = [c(0, 0, [0, 1, 2], [0, 3], [7], [5]), c(0, 1, [3], [0, 1], [7], [6]),
+             c(1, 0, [3, 4], [0, 2], [7], [1]), c(1, 1, [4], [0, 1], [7], [2]),
+             c(2, 0, [5, 6], [0, 2], [7], [3]), c(2, 1, [6], [0, 1], [7], [4])]
+    props = [{"engine_step": 0, "draft_tokens": torch.tensor([[5, 6]])},
+             {"engine_step": 1, "draft_tokens": torch.tensor([[1, 9]])}]
+    f = run_facts(calls, props)
+    assert f["engine_steps"] == 3 and f["max_draft_steps"] == 2 and f["max_context"] == 7
+    assert f["accepted_drafts_per_step"] == {"1": 1}  # engine step 1 started at 3, step 2 at 5
+    assert f["proposal_token_disagreements"] == 1
+    assert f["sampled_row_not_last_row"] == 3  # step 0 samples row 0 of 2-3 rows
+
+
+def test_verdict_and_exit_codes():
+    counts = {"mismatches": 0, "compared": 5, "replay_errors": 0, "not_replayed": 0, "calls_without_logits": 0,
+              "unmatched_sample_rows": 0, "tap_errors": 0, "proposal_token_disagreements": 0,
+              "max_context": 200, "index_topk": 128, "num_speculative_tokens": 3, "max_draft_steps": 3}
+    rep = {"counts": counts, "load": {"audit": [], "landed": {"enorm": True}}}
+    assert verdict_problems(rep) == []
+    rep["counts"] = dict(counts, max_draft_steps=1, mismatches=2, max_context=100)
+    assert len(verdict_problems(rep)) == 3
+    assert worst_exit_code([0, 125]) == 125 and worst_exit_code([125, 1, 0]) == 1 and worst_exit_code([0]) == 0
+
+
+def _simulated_engine(cfg, k_steps=2, engine_steps=3):
+    """Calls shaped like a V2 MTP proposer's: a prefill, then per engine step a step 0 over K+1 rows
+    per request (sampled row = last accepted) and K-1 one-token steps; production tokens/logits = the
+    reference's own (what a faithful engine would record)."""
+    gen = torch.Generator().manual_seed(3)
+    first = R.make_case(cfg, 7, 2, 6)
+    lens = torch.bincount(first.request).tolist()
+    keys = [21, 6]
+
+    def rnd(n):
+        return (torch.randint(0, cfg.vocab_size, (n,), generator=gen),
+                torch.randn(n, cfg.hidden_size, generator=gen).to(torch.bfloat16))
+
+    calls, start = [], list(lens)
+    calls.append(DraftCall(0, 0, first.input_ids, first.positions, first.hidden.to(torch.bfloat16), _qsl(lens),
+                           torch.tensor(keys), sample_rows=first.last_rows()))
+    for e in range(engine_steps):
+        for k in range(1, k_steps):
+            ids, hid = rnd(2)
+            calls.append(DraftCall(e, k, ids, torch.tensor([s + k - 1 for s in start]), hid, _qsl([1, 1]),
+                                   torch.tensor(keys), sample_rows=torch.arange(2)))
+        acc = [e % k_steps, 0]
+        ids, hid = rnd(2 * (k_steps + 1))
+        pos = torch.cat([torch.arange(s, s + k_steps + 1) for s in start])
+        calls.append(DraftCall(e + 1, 0, ids, pos, hid, _qsl([k_steps + 1] * 2), torch.tensor(keys),
+                               sample_rows=torch.tensor([acc[0], k_steps + 1 + acc[1]])))
+        start = [s + a + 1 for s, a in zip(start, acc)]
+    return calls
+
+
+def test_judge_run_report_of_a_faithful_engine_passes():
+    import json
+
+    from harness.production.engine import EngineCase, judge_run
+
+    case = CASES["tiny-share-indexer"]
+    cfg, w = case.config(), case.weights()
+    calls = _simulated_engine(cfg)
+    for c, r in zip(calls, replay(cfg, w, calls)):
+        c.tokens, c.logits = r.tokens.clone(), r.logits.float()
+    props = [{"engine_step": e, "draft_tokens": torch.stack([c.tokens for c in calls if c.engine_step == e], 1)}
+             for e in range(4)]
+    rep = judge_run(cfg, w, calls, props, [], EngineCase("sim", num_speculative_tokens=2), log=lambda *a: None)
+    json.dumps(rep)
+    c = rep["counts"]
+    assert verdict_problems(rep) == [], verdict_problems(rep)
+    assert c["drafted"] == c["compared"] + c["ties"] == 2 * len(calls) and c["max_draft_steps"] == 2
+    assert rep["facts"]["accepted_drafts_per_step"] == {"0": 3, "1": 1}
+    # a production token flipped on a decisive row is a mismatch
+    calls[-1].tokens = calls[-1].tokens.clone()
+    row = next(s for s in range(2) if logit_margin_decisive(calls[-1].logits[s], LOGITS_TOL))
+    calls[-1].tokens[row] = (calls[-1].tokens[row] + 1) % cfg.vocab_size
+    bad = judge_run(cfg, w, calls, props, [], EngineCase("sim", num_speculative_tokens=2), log=lambda *a: None)
+    assert bad["counts"]["mismatches"] == 1 and bad["counts"]["proposal_token_disagreements"] == 1

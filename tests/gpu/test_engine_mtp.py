@@ -1,0 +1,55 @@
+"""GPU tier, engine level: ``vllm.LLM`` with MTP speculative decoding proposes the reference's draft tokens.
+
+    python -m pytest -m gpu tests/gpu/test_engine_mtp.py -s        # -s: the engine's diagnostics live
+
+Each case runs ``python -m harness.production.engine --case ID`` in its own
+process (one in-process engine per process: vLLM's distributed state and the
+GPU memory it reserves are per process, and the module-level GPU tests of this
+session share theirs): a tiny synthetic HY V4 target (dummy weights) + the
+harness's seeded MTP weights loaded into the live ``HYV4MTP`` drafter, eager,
+greedy generation on token-id prompts (one longer than index_topk), every
+draft forward recorded and replayed by the float64 reference. The report JSON
+(``engine_mtp_<case>.json``, with ``counts``) goes to ``$HYV4_REPORT_DIR`` when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.production.engine import ENGINE_CASES, verdict_problems
+
+pytestmark = pytest.mark.gpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# ~2/3 of the synthetic draft tokens are near-ties under the logits tolerance (top-2 gap
+# vs 2*(0.1 + 0.02*|top1|), CPU-simulated); a K=2..3, 3-request, 32-token run drafts > 140.
+MIN_COMPARED = 20
+TIMEOUT_S = 900
+
+
+@pytest.mark.parametrize("case_id", list(ENGINE_CASES))
+def test_engine_draft_tokens_match_reference(case_id, tmp_path):
+    out = os.environ.get("HYV4_REPORT_DIR") or str(tmp_path)
+    cmd = [sys.executable, "-m", "harness.production.engine", "--case", case_id, "--out", out]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    print(proc.stdout[-30000:])
+    print(proc.stderr[-15000:], file=sys.stderr)
+    path = os.path.join(out, f"engine_mtp_{case_id}.json")
+    assert os.path.exists(path), f"no report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-4000:]}"
+    with open(path) as f:
+        rep = json.load(f)
+    assert "error" not in rep, f"the engine run crashed:\n{rep['error']}"
+    c = rep["counts"]
+    print("counts:", json.dumps(c))
+    assert c["mismatches"] == 0, json.dumps(rep["mismatch_examples"], indent=1)
+    assert c["compared"] >= MIN_COMPARED, c
+    assert c["max_context"] > c["index_topk"], c
+    if c["num_speculative_tokens"] >= 2:  # the proposer's multi-step loop ran
+        assert c["max_draft_steps"] >= 2, rep["facts"]
+    assert verdict_problems(rep) == [], verdict_problems(rep)
+    assert proc.returncode == 0, proc.returncode
