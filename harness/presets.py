@@ -101,7 +101,11 @@ def check_kernel_constraints(cfg: MTPConfig, quantized: bool = False, tp: int = 
     if quantized:
         dims = {"hidden_size": cfg.hidden_size, "q_lora_rank": cfg.q_lora_rank,
                 "moe_intermediate_size/tp": cfg.moe_intermediate_size // tp,
-                "intermediate_size/tp": cfg.intermediate_size // tp}
+                "intermediate_size/tp": cfg.intermediate_size // tp,
+                # o_proj is row-parallel: its per-rank input is the rank's heads x v_head_dim
+                "num_attention_heads*v_head_dim/tp": cfg.num_attention_heads * cfg.v_head_dim // tp}
+        if cfg.n_shared_experts:
+            dims["moe_intermediate_size*n_shared_experts/tp"] = cfg.moe_intermediate_size * cfg.n_shared_experts // tp
         for k, v in dims.items():
             if v % 128:
                 problems.append(f"FP8 128x128 blocks need {k} % 128 == 0 (got {v})")

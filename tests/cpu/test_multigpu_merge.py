@@ -45,3 +45,43 @@ def test_shards_that_do_not_tile_are_reported_and_dropped():
     merged, rules = merge_ranks(ranks, full)
     assert rules["step0.attn.q"].startswith("problem: rank shapes")
     assert "step0.attn.q" not in merged
+
+
+def test_topk_rows_compare_as_sets_across_ranks():
+    full = {"step0.attn.topk": torch.tensor([[3, 1, 2, -1], [0, 1, 2, 3]])}
+    r0 = {"step0.attn.topk": torch.tensor([[1, 2, 3, -1], [0, 1, 2, 3]])}
+    assert merge_ranks([r0, dict(r0)], full)[1]["step0.attn.topk"] == "replicated"
+    assert merge_ranks([r0, full], full)[1]["step0.attn.topk"] == "replicated (same sets, order differs)"
+    r1 = {"step0.attn.topk": torch.tensor([[3, 1, 2, -1], [0, 1, 2, 4]])}
+    assert merge_ranks([r0, r1], full)[1]["step0.attn.topk"] == "rank-variant: 1 row(s) select different sets across ranks"
+
+
+def _judged(final_norm, tokens1, logits1):
+    prod = {"step0.final_norm": final_norm, "step0.draft_token": torch.tensor([5]),
+            "step0.logits": torch.tensor([[0.0, 0, 0, 0, 0, 9.0]]),
+            "step1.final_norm": final_norm * 3, "step1.draft_token": tokens1, "step1.logits": logits1}
+    return {"_prod_cmp": prod, "_ref": {}}
+
+
+def test_tp_vs_tp1_judges_step0_values_and_tokens_only():
+    from harness.production.multigpu import compare_tp
+    from harness.production.side_by_side import PRODUCTION_COMPONENTS
+    from harness.production.tolerances import tolerances_for
+
+    tols = tolerances_for("bf16")
+    base = torch.ones(2, 4)
+    decisive = torch.tensor([[0.0, 9.0, 0.0]])
+    tp1 = _judged(base, torch.tensor([1]), decisive)
+    # step 1 values may drift (different inputs); step 0 within tolerance; tokens equal
+    ok = compare_tp(_judged(base + 0.01, torch.tensor([1]), decisive), tp1, tols, PRODUCTION_COMPONENTS)
+    assert ok.passed, ok.table()
+    assert {r.name for r in ok.results} == {"step0.final_norm", "step0.logits", "step0.draft_token",
+                                            "step1.draft_token"}
+    # a routing tie masked (NaN) on one side is masked on both
+    masked = base.clone()
+    masked[0] = float("nan")
+    assert compare_tp(_judged(masked, torch.tensor([1]), decisive), tp1, tols, PRODUCTION_COMPONENTS).passed
+    far = compare_tp(_judged(base + 1.0, torch.tensor([1]), decisive), tp1, tols, PRODUCTION_COMPONENTS)
+    assert far.first_divergent.name == "step0.final_norm"
+    flip = compare_tp(_judged(base, torch.tensor([0]), decisive), tp1, tols, PRODUCTION_COMPONENTS)
+    assert flip.first_divergent.name == "step1.draft_token"

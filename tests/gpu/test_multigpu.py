@@ -24,7 +24,17 @@ from hypothesis import strategies as st
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
 TP_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers", "tiny-k2-nosink",
-            "tiny-k2-dense-mlp", "tiny-k2-headwise", "tiny-k3-batch8", "tiny-k2-fp8-split-long")
+            "tiny-k2-dense-mlp", "tiny-k2-headwise", "tiny-k3-batch8", "tp2-k2-fp8-split-long")
+
+
+def _case(case_id: str):
+    from harness.production.side_by_side import GPU_CASES, GpuCase
+    if case_id == "tp2-k2-fp8-split-long":
+        # FP8 at TP=2 needs 128-divisible per-rank shards: the tiny preset's routed
+        # intermediate (128) splits to 64 (vLLM refuses), so this case doubles it
+        return GpuCase(case_id, overrides=(("moe_intermediate_size", 256),), requests=2, tokens=160,
+                       steps=2, seed=18, quant="fp8")
+    return GPU_CASES[case_id]
 
 _OUT = os.environ.get("HYV4_GPU_OUT") or os.environ.get("OUT")
 
@@ -57,13 +67,15 @@ def _check(res: dict, case) -> None:
     hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     if cfg.learnable_sink:  # rank r holds heads [r H/2, (r+1) H/2) of the sink, as stored
-        h = cfg.num_heads // 2
+        h = cfg.num_attention_heads // 2
         sink = weights["layers.0.attn.sink"].float()
         for r, sinks in res["sinks"].items():
             vals = list(sinks.values())
             assert vals, sinks
             got = torch.tensor(vals[0])
             assert torch.equal(got[:h], sink[r * h:(r + 1) * h]), (r, got[:h], sink[r * h:(r + 1) * h])
+    bad = [r.note for r in res["rank_variant_vs_reference"] if not r.passed]
+    assert not bad, f"a rank's own top-k rows differ from the reference beyond score ties: {bad}"
     assert res["tp1"]["passed"], format_rows(res["tp1"])
     assert res["tpn"]["passed"], format_rows(res["tpn"])
     vs = res["tp_vs_tp1"]
@@ -73,13 +85,12 @@ def _check(res: dict, case) -> None:
 @pytest.mark.parametrize("case_id", TP_CASES)
 def test_tp2_matches_tp1_and_reference(tp2, case_id):
     from harness.production.multigpu import run_case_tp
-    from harness.production.side_by_side import GPU_CASES
 
-    case = GPU_CASES[case_id]
+    case = _case(case_id)
     _check(run_case_tp(tp2, case), case)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**16), requests=st.integers(1, 3), tokens=st.sampled_from([8, 40, 160, 300]),
        steps=st.integers(1, 3), share=st.booleans(), experts=st.sampled_from(["split", "fused"]))
 def test_property_tp2_equals_tp1(tp2, seed, requests, tokens, steps, share, experts):
