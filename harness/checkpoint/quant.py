@@ -45,6 +45,13 @@ from reference.weights import layer_shapes
 
 DEFAULT_BLOCK = (128, 128)
 QUANTS = ("bf16", "fp8", "fp8-ue8m0")
+
+
+def quant_of_config(hf: dict) -> str:
+    """Which of ``QUANTS`` an HF config's MTP layers are stored in (the inverse of ``quantization_config``)."""
+    if str(hf.get("mtp_quant_algo") or "").upper() != "FP8":
+        return "bf16"
+    return "fp8-ue8m0" if (hf.get("quantization_config") or {}).get("scale_fmt") == "ue8m0" else "fp8"
 SCALE_DTYPES = ("auto", "uint8", "float32", "e8m0")
 
 # canonical leaf -> (vLLM module relative to the layer prefix, its checkpoint shards)

@@ -1,7 +1,8 @@
 """``python -m harness compare`` and ``bisect-check`` on a GPU.
 
-compare: one side-by-side case (preset:NAME with seeded weights, or a named
-GPU case) -> per-component table, optional JSON report; exit 0 / 1.
+compare: one side-by-side case (a checkpoint directory, preset:NAME with
+seeded weights, or a named GPU case; ``--tp N`` runs it on N GPUs and also
+against TP = 1) -> per-component table, optional JSON report; exit 0 / 1.
 bisect-check: a small default set of side-by-side cases plus the production
 goldens recorded for this platform -> exit 0 (good) / 1 (mismatch) / 125
 (cannot judge: the production path does not build here).
@@ -18,14 +19,27 @@ DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers")
 
 
 def _case_for(args):
-    """The GpuCase ``compare`` runs: preset:NAME (seeded weights) or a GPU case id."""
+    """The GpuCase ``compare`` runs: a checkpoint directory, preset:NAME (seeded weights) or a GPU case id."""
+    import os
+
+    from harness.checkpoint.quant import quant_of_config
     from harness.presets import check_kernel_constraints, preset
     from reference import ConfigError, MTPConfig
 
     from .side_by_side import GPU_CASES, GpuCase
 
     ckpt = args.ckpt or "preset:tiny"
-    if ckpt in GPU_CASES:
+    if os.path.isdir(ckpt):
+        if not os.path.isfile(os.path.join(ckpt, "config.json")):
+            raise CLIError(f"{ckpt}: not a checkpoint directory (no config.json)")
+        path = os.path.abspath(ckpt)
+        case = GpuCase(f"ckpt-{os.path.basename(path.rstrip(os.sep))}-seed{args.seed}", ckpt_dir=path,
+                       seed=args.seed, steps=args.steps, requests=2, tokens=160)
+        try:
+            case = dataclasses.replace(case, quant=quant_of_config(case.hf_config()))
+        except (OSError, ValueError) as exc:
+            raise CLIError(f"{ckpt}/config.json: {exc}") from exc
+    elif ckpt in GPU_CASES:
         case = GPU_CASES[ckpt]
     elif ckpt.startswith("preset:"):
         case = GpuCase(f"{ckpt[7:]}-seed{args.seed}", preset=ckpt[7:], seed=args.seed, steps=args.steps,
@@ -35,10 +49,14 @@ def _case_for(args):
         except KeyError as exc:
             raise CLIError(str(exc.args[0])) from exc
     else:
-        raise CLIError(f"{ckpt}: compare takes preset:NAME or a GPU case id ({', '.join(GPU_CASES)}); "
-                       "checkpoint directories are not wired into compare yet")
+        raise CLIError(f"{ckpt}: compare takes a checkpoint directory, preset:NAME or a GPU case id "
+                       f"({', '.join(GPU_CASES)})")
+    tp = getattr(args, "tp", 1)
     try:
-        check_kernel_constraints(MTPConfig.from_hf_dict(case.hf_config()))
+        cfg = MTPConfig.from_hf_dict(case.hf_config())
+        if cfg.num_attention_heads % tp:
+            raise ConfigError(f"--tp {tp} does not divide num_attention_heads {cfg.num_attention_heads}")
+        check_kernel_constraints(cfg, quantized=case.quant != "bf16", tp=tp)
     except ConfigError as exc:
         raise CLIError(f"{ckpt}: {exc}") from exc
     return case
@@ -47,8 +65,8 @@ def _case_for(args):
 def validate_args(command: str, args) -> None:
     """CLIError (exit 2) for arguments no machine could run, before asking for a GPU."""
     if command == "compare_command":
-        if getattr(args, "tp", 1) != 1:
-            raise CLIError("--tp > 1 is not wired into the production runner yet")
+        if getattr(args, "tp", 1) < 1:
+            raise CLIError("--tp must be >= 1")
         if args.steps < 1:
             raise CLIError("--steps must be >= 1")
         _case_for(args)
@@ -75,20 +93,51 @@ def _run(case):
         return None, f"production run of {case.id} failed: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
+def _run_tp(case, tp: int):
+    """(run_case_tp result, None) or (None, reason): ``case`` at TP = ``tp`` on ``tp`` GPUs."""
+    import torch
+
+    from .multigpu import TPWorkers, run_case_tp
+
+    if torch.cuda.device_count() < tp:
+        return None, f"--tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
+    try:
+        with TPWorkers(tp) as workers:
+            return run_case_tp(workers, case), None
+    except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
+        return None, f"TP={tp} production run of {case.id} failed: {exc.__class__.__name__}: " \
+                     f"{str(exc).splitlines()[0] if str(exc) else ''}"
+
+
 def compare_command(args) -> int:
     case = _case_for(args)
-    result, reason = _run(case)
-    if reason:
-        print(f"cannot judge: {reason}")
-        return EXIT_CANNOT_JUDGE
+    tp = getattr(args, "tp", 1)
+    if tp > 1:
+        res, reason = _run_tp(case, tp)
+        if reason:
+            print(f"cannot judge: {reason}")
+            return EXIT_CANNOT_JUDGE
+        result, vs = res["tpn"], res["tp_vs_tp1"]
+        result["_report"].meta.update(tp=tp, merge_rules=res["rules"])
+    else:
+        result, reason = _run(case)
+        vs = None
+        if reason:
+            print(f"cannot judge: {reason}")
+            return EXIT_CANNOT_JUDGE
     from .side_by_side import format_rows, versions
 
     print(format_rows(result))
+    reports = {case.id if tp == 1 else f"{case.id}/tp{tp}": result["_report"]}
+    if vs is not None:
+        print(f"== TP={tp} vs TP=1 (step 0 components, draft tokens of every step): "
+              f"{'PASS' if vs.passed else 'FAIL'}\n{vs.table()}")
+        reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
     if args.report:
         result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case))
-        write_report(args.report, {case.id: result["_report"]}, {"versions": versions()})
+        write_report(args.report, reports, {"versions": versions()})
         print(f"report: {args.report}")
-    return EXIT_OK if result["passed"] else EXIT_MISMATCH
+    return EXIT_OK if result["passed"] and (vs is None or vs.passed) else EXIT_MISMATCH
 
 
 def bisect_command(args) -> int:

@@ -1,6 +1,11 @@
 """Engine level: ``vllm.LLM`` with MTP speculative decoding, its draft tokens checked against the reference.
 
     python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 125
+    python -m harness.production.engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
+
+Each run also saves its recording under --out (``engine_calls_<case>.safetensors`` +
+``.json``: every tensor the replay needs, the calls' metadata, the load audit), so
+``--rejudge`` can replay and judge it offline.
 
 DESIGN.md's "engine capture and replay". What runs (vLLM 0.33.0, all in this process,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
@@ -30,6 +35,18 @@ DESIGN.md's "engine capture and replay". What runs (vLLM 0.33.0, all in this pro
    vLLM's builders, ``set_skip_topk`` / ``compact_topk_indices`` with index sharing.
 5. ``engine_replay.replay``: the float64 reference over the recorded calls in
    order; draft tokens compared where the reference's logit margin is decisive.
+   Step 0 of a decode runs over the rejected slots too, with stale ids / positions
+   there: the replay keeps rows <= the proposer's ``last_token_indices`` (see
+   ``engine_replay``'s module doc).
+
+Reloading the draft: ``MLAAttention.process_weights_after_loading`` (vLLM 0.33.0
+model_executor/layers/attention/mla_attention.py, ``split_kv_b_proj`` then
+``replace_parameter(self, "W_UV"/"W_UK_T", ...)``) recomputes the absorbed
+``W_UK_T`` / ``W_UV`` from ``kv_b_proj`` on every call, copying in place when they
+already exist. On a reload they are registered parameters the checkpoint has no
+value for, so HYV4MTP's loader and the audit name them: ``derived_weight_check``
+recomputes them from the live ``kv_b_proj`` with vLLM's own ``split_kv_b_proj`` and
+only parameters that match are exempt from the audit.
 """
 
 from __future__ import annotations
@@ -49,7 +66,8 @@ from harness.atomic import atomic_write_json
 
 from . import audit, build, capture
 from .checkpoint_cast import cast_for_vllm
-from .engine_replay import DraftCall, component_errors, judge_tokens, replay, run_facts
+from .engine_replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording, replay,
+                            run_facts, save_recording)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +245,11 @@ class DrafterTap:
         finally:
             self.in_propose = False
         drafts = out[0] if isinstance(out, tuple) else out
+        nspec = kwargs.get("num_speculative_tokens")
+        if nspec is None:
+            nspec = getattr(self.proposer, "num_speculative_steps", None)
         self.proposals.append({"engine_step": self.engine_step,
+                               "num_speculative_tokens": None if nspec is None else int(nspec),
                                "draft_tokens": drafts.detach().cpu().clone() if torch.is_tensor(drafts) else None})
         return out
 
@@ -262,6 +284,9 @@ class DrafterTap:
             seq_lens=None if seq is None else seq[:num_reqs].long().cpu())
         call.notes = {"rows_fed": int(ids.shape[0]), "num_actual_tokens": int(getattr(md, "num_actual_tokens", -1)),
                       "metadata": _describe(mds, self.layer_prefixes)}
+        lti = getattr(self.proposer, "last_token_indices", None)  # written by prepare_prefill_inputs
+        if self.in_propose and self.draft_step == 0 and torch.is_tensor(lti):
+            call.last_token_indices = lti[:num_reqs].long().cpu().clone()
         if self.in_propose:
             self.draft_step += 1
         self.calls.append(call)

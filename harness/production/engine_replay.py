@@ -10,12 +10,27 @@ identified across calls by the first block of its block table, which stays the
 request's for its life; a draft step 0 that holds a request's position 0 starts
 a new request (its blocks may be recycled ones).
 
+Step 0 (vLLM 0.33.0 V2 runner, ``TargetDependentARSpeculator.propose``). The draft
+prefill reuses the target's batch shape, attention metadata and slot mappings: each
+request has all its scheduled rows (1 + K for a decode), *including the rejected
+draft slots*. ``prepare_prefill_inputs`` (target_dependent_ar/speculator.py,
+``_prepare_prefill_inputs_kernel``) sets ``query_len -= num_rejected`` and writes
+input ids / positions only for the first ``query_len`` rows; the rejected rows keep
+whatever the draft input buffers held (stale ids and positions, seen in the first H200
+run as positions like 3 next to 200) and ``last_token_indices[r] = query_start +
+query_len - 1`` is the row sampled (the last *accepted* row, not the last row).
+Rejected rows still run and write KV at the target's slots (positions after the
+sampled one), with garbage content. The replay therefore takes step 0's valid rows
+(``<= last_token_indices[r]``, recorded by the tap) and marks the rejected slots
+unwritten, so that any later read of them is reported (UnwrittenKVError) rather
+than silently compared; production overwrites them before reading (steps k >= 1
+write sample position + k, the next step 0 rewrites every scheduled slot).
+
 KV context. One ``reference.DraftCache`` for the whole run, written call by call
 at the recorded positions, exactly as production's slot mapping writes the draft
-KV cache: step 0 writes every scheduled row (rejected positions included), steps
-k >= 1 write one position per request, and a later call overwrites what a
-rejected draft left behind. A query at position p reads keys 0..p only, so it
-never sees a stale entry beyond itself.
+KV cache: step 0 writes its valid rows, steps k >= 1 write one position per request,
+and a later call overwrites what a rejected draft left behind. A query at position p
+reads keys 0..p only, so it never sees a stale entry beyond itself.
 
 Top-k. With sparse attention the reference runs its own indexer wherever
 production does (step 0; every step without ``index_share_for_mtp_iteration``),
@@ -62,6 +77,7 @@ class DraftCall:
     tokens: torch.Tensor | None = None  # [S] production's argmax of those logits
     logits: torch.Tensor | None = None  # [S, V] production logits (float32)
     topk_rows: torch.Tensor | None = None  # [T, index_topk] rows the sparse attention read
+    last_token_indices: torch.Tensor | None = None  # [R] step 0: the proposer's sampled row per request
     trace: dict = dataclasses.field(default_factory=dict)  # production components (capture.py names)
     notes: dict = dataclasses.field(default_factory=dict)
 
@@ -77,6 +93,7 @@ class CallReplay:
     trace: dict  # the reference trace of the step (forced top-k when available)
     topk_rows_differing: int = 0  # rows whose reference top-k set differs from production's
     error: str | None = None
+    rows: torch.Tensor | None = None  # rows of the call the reference ran (None: all; step 0: valid rows)
 
 
 def token_requests(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -112,6 +129,52 @@ class RequestRegistry:
         return torch.tensor(ids, dtype=torch.long)[local]
 
 
+def step0_rows(call: DraftCall) -> tuple[torch.Tensor, dict[int, list[int]]]:
+    """(valid rows [T'], {batch-local request: rejected target positions}) of ``call``.
+
+    Step 0: rows up to each request's ``last_token_indices`` (the proposer's; when not
+    recorded, the sampled rows if there is one per request); the rejected rows after
+    it sit at the target's positions ``pos[last] + 1, ...`` (contiguous slots; their
+    recorded ``positions`` are stale). Steps >= 1 and unknown boundaries: every row.
+    """
+    t = call.num_tokens
+    everything = torch.arange(t), {}
+    if call.draft_step != 0:
+        return everything
+    qsl = call.query_start_loc.long().tolist()
+    nreq = len(qsl) - 1
+    last = call.last_token_indices
+    if last is None and call.sample_rows is not None and call.sample_rows.numel() == nreq:
+        last = call.sample_rows
+    if last is None or last.numel() < nreq:
+        return everything
+    last = last.long().tolist()[:nreq]
+    keep, rejected = [], {}
+    for r in range(nreq):
+        lo, hi = qsl[r], qsl[r + 1]
+        if hi == lo:
+            continue
+        if not lo <= last[r] < hi:
+            raise ValueError(f"request {r}: last_token_index {last[r]} outside its rows [{lo}, {hi})")
+        keep += range(lo, last[r] + 1)
+        if last[r] + 1 < hi:
+            p = int(call.positions[last[r]])
+            rejected[r] = list(range(p + 1, p + hi - last[r]))
+    return torch.tensor(keep, dtype=torch.long), rejected
+
+
+def _sub_call(call: DraftCall, keep: torch.Tensor) -> DraftCall:
+    """``call`` restricted to rows ``keep`` (request-major, each request's rows a prefix)."""
+    local = token_requests(call.query_start_loc, call.num_tokens)[keep]
+    counts = torch.bincount(local, minlength=call.query_start_loc.numel() - 1)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    return dataclasses.replace(
+        call, input_ids=call.input_ids[keep], positions=call.positions[keep], hidden=call.hidden[keep],
+        query_start_loc=qsl, sample_rows=None, tokens=None, logits=None,
+        topk_rows=None if call.topk_rows is None or call.topk_rows.shape[0] != call.num_tokens
+        else call.topk_rows[keep], trace={}, notes={})
+
+
 def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numerics = R.EXACT, *,
            force_production_topk: bool = True) -> list[CallReplay]:
     """The reference over ``calls`` in order (see the module doc); one ``CallReplay`` per call.
@@ -136,16 +199,38 @@ def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numer
     return out
 
 
-def _replay_call(cfg, shards, call: DraftCall, cache, registry, num, force, shared_rows):
+def _replay_call(cfg, shards, full: DraftCall, cache, registry, num, force, shared_rows):
     """(CallReplay, step 0's top-k rows compacted to the sampled rows, or None)."""
+    keep, rejected = step0_rows(full)
+    call = full if keep.numel() == full.num_tokens else _sub_call(full, keep)
     t = call.num_tokens
     request = registry.assign(call)
+    layer = call.spec_step_idx % cfg.num_mtp_layers
+    rows = None
+    if full.sample_rows is not None:
+        new_index = torch.full((full.num_tokens,), -1, dtype=torch.long)
+        new_index[keep] = torch.arange(keep.numel())
+        s = full.sample_rows.long()
+        if bool(((s >= 0) & (s < full.num_tokens)).all()):
+            rows = new_index[s]
+            if bool((rows < 0).any()):
+                raise ValueError(f"a sampled row is a rejected row: sample_rows {s.tolist()}, "
+                                 f"last_token_indices {None if full.last_token_indices is None else full.last_token_indices.tolist()}")
+    res, compacted = _replay_rows(cfg, shards, call, cache, request, layer, num, force, shared_rows, rows)
+    res.rows = None if call is full else keep
+    if rejected:  # production wrote garbage there: never to be read before rewritten
+        req_ids = token_requests(call.query_start_loc, t)
+        for r, positions in rejected.items():
+            mine = request[req_ids == r]
+            if mine.numel():
+                cache.invalidate(layer, int(mine[0]), positions)
+    return res, compacted
+
+
+def _replay_rows(cfg, shards, call, cache, request, layer, num, force, shared_rows, rows):
+    t = call.num_tokens
     inp = StepInput(call.input_ids.long(), call.positions.long(),
                     call.hidden.to(torch.bfloat16).to(torch.float64), request)
-    layer = call.spec_step_idx % cfg.num_mtp_layers
-    rows = call.sample_rows.long() if call.sample_rows is not None else None
-    if rows is not None and bool(((rows < 0) | (rows >= t)).any()):
-        rows = None  # unmatched sample rows: replay the KV writes, compare no token here
     kw = {"logit_rows": rows} if rows is not None else {}
     step = lambda **k: forward_step(cfg, shards[layer], inp, cache, layer, num, **kw, **k)  # noqa: E731
     if not cfg.attention_sparse:
@@ -227,7 +312,11 @@ def component_errors(calls: list[DraftCall], replays: list[CallReplay], toleranc
     for i, (call, rep) in enumerate(zip(calls, replays)):
         for comp in DIAGNOSTIC_COMPONENTS:
             a, e = call.trace.get(comp), rep.trace.get(comp)
-            if a is None or e is None or a.shape[0] < e.shape[0]:
+            if a is None or e is None:
+                continue
+            if rep.rows is not None and a.dim() and a.shape[0] == call.num_tokens:
+                a = a[rep.rows]  # step 0: the valid rows the reference ran
+            if a.shape[0] < e.shape[0]:
                 continue
             a = a[: e.shape[0]]
             if a.shape != e.shape:
@@ -251,48 +340,71 @@ def component_errors(calls: list[DraftCall], replays: list[CallReplay], toleranc
 
 
 def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None) -> dict:
-    """What the engine did: draft steps per engine step, longest context, accepted drafts,
-    sampled rows that were not their request's last row, metadata seq_lens disagreements,
+    """What the engine did: draft steps per engine step, longest context, drafts accepted per
+    request and engine step (step 0's sampled row - its first row, decode requests only),
+    rejected rows, sampled rows that are not the proposer's ``last_token_indices``, attention
+    metadata ``seq_lens`` that disagree with the positions (step 0: the target's, so
+    ``seq_lens - query_len`` = the first row's position; steps >= 1: ``seq_lens = position + 1``),
     and whether each propose() returned the argmax tokens its compute_logits calls produced."""
     steps: dict[int, int] = {}
     max_context = 0
-    sampled_not_last = seq_len_disagree = 0
-    first_pos: dict[int, list[int]] = {}
+    sampled_not_proposer = seq_len_disagree = rejected_rows = 0
+    seen: set[int] = set()
+    accepted: list[int] = []
     for call in calls:
         if call.engine_step < 0:
             continue
         steps[call.engine_step] = max(steps.get(call.engine_step, 0), call.draft_step + 1)
-        if call.num_tokens:
-            max_context = max(max_context, int(call.positions.max()) + 1)
         try:
             local = token_requests(call.query_start_loc, call.num_tokens)
+            keep, rejected = step0_rows(call)
         except ValueError:
             continue
-        last = [int(torch.nonzero(local == r).max()) for r in range(call.query_start_loc.numel() - 1)
-                if bool((local == r).any())]
-        if call.sample_rows is not None and call.draft_step == 0:
-            sampled_not_last += sum(int(s) not in last for s in call.sample_rows.tolist())
-        if call.seq_lens is not None and call.seq_lens.numel() >= len(last):
-            for r, row in enumerate(last):
-                seq_len_disagree += int(int(call.seq_lens[r]) != int(call.positions[row]) + 1)
+        if keep.numel():
+            max_context = max(max_context, int(call.positions[keep].max()) + 1)
+        rejected_rows += sum(len(v) for v in rejected.values())
+        qsl = call.query_start_loc.long().tolist()
+        nreq = len(qsl) - 1
         if call.draft_step == 0:
-            for r, key in enumerate(call.request_keys.tolist()):
-                if bool((local == r).any()):
-                    first_pos.setdefault(int(key), []).append(int(call.positions[local == r].min()))
-    accepted = []
-    for starts in first_pos.values():
-        accepted += [b - a - 1 for a, b in zip(starts[1:], starts[2:])]  # skip the prefill step
+            lti = call.last_token_indices
+            if call.sample_rows is not None and lti is not None and lti.numel() >= call.sample_rows.numel():
+                sampled_not_proposer += int((call.sample_rows.long() != lti[: call.sample_rows.numel()].long()).sum())
+            for r, key in enumerate(call.request_keys.tolist()[:nreq]):
+                if qsl[r + 1] == qsl[r]:
+                    continue
+                if lti is not None and lti.numel() > r and int(key) in seen and int(call.positions[qsl[r]]) > 0:
+                    accepted.append(int(lti[r]) - qsl[r])
+                seen.add(int(key))
+        if call.seq_lens is not None and call.seq_lens.numel() >= nreq:
+            for r in range(nreq):
+                if qsl[r + 1] == qsl[r]:
+                    continue
+                if call.draft_step == 0:
+                    seq_len_disagree += int(int(call.seq_lens[r]) - (qsl[r + 1] - qsl[r]) != int(call.positions[qsl[r]]))
+                else:
+                    seq_len_disagree += int(int(call.seq_lens[r]) != int(call.positions[qsl[r + 1] - 1]) + 1)
     hist: dict[int, int] = {}
     for n in steps.values():
         hist[n] = hist.get(n, 0) + 1
     facts = {"engine_steps": len(steps), "draft_steps_per_engine_step": hist,
              "max_draft_steps": max(steps.values(), default=0), "max_context": max_context,
              "outside_propose_calls": sum(c.engine_step < 0 for c in calls),
-             "sampled_row_not_last_row": sampled_not_last, "seq_len_disagreements": seq_len_disagree,
+             "step0_rejected_rows": rejected_rows,
+             "sampled_row_not_last_token_index": sampled_not_proposer,
+             "seq_len_disagreements": seq_len_disagree,
              "accepted_drafts_per_step": {str(k): accepted.count(k) for k in sorted(set(accepted))}}
     if proposals is not None:
         facts["proposal_token_disagreements"] = _proposal_disagreements(calls, proposals)
     return facts
+
+
+def expects_logits(call: DraftCall, proposals: list[dict] | None) -> bool:
+    """False for a call of a propose(num_speculative_tokens=0) (the prefill only keeps the
+    draft KV in sync: ``skip_sample``), True otherwise."""
+    for p in proposals or ():
+        if p.get("engine_step") == call.engine_step and p.get("num_speculative_tokens") is not None:
+            return int(p["num_speculative_tokens"]) > call.draft_step
+    return True
 
 
 def _proposal_disagreements(calls: list[DraftCall], proposals: list[dict]) -> int:
@@ -304,7 +416,10 @@ def _proposal_disagreements(calls: list[DraftCall], proposals: list[dict]) -> in
         drafts = p.get("draft_tokens")
         if drafts is None or drafts.dim() != 2:
             continue
-        for k in range(drafts.shape[1]):
+        ncols = drafts.shape[1]
+        if p.get("num_speculative_tokens") is not None:
+            ncols = min(ncols, int(p["num_speculative_tokens"]))  # 0: draft_tokens filled with -1
+        for k in range(ncols):
             call = by_step.get((p["engine_step"], k))
             if call is None:
                 continue
@@ -313,3 +428,97 @@ def _proposal_disagreements(calls: list[DraftCall], proposals: list[dict]) -> in
                 continue
             bad += int((call.tokens.long() != drafts[:, k].long()).sum())
     return bad
+
+
+# ---- saving a recording (offline re-judging) ------------------------------------------------------
+
+RECORDING_FORMAT = 1
+_CALL_TENSORS = ("input_ids", "positions", "hidden", "query_start_loc", "request_keys", "seq_lens",
+                 "sample_rows", "tokens", "logits", "topk_rows", "last_token_indices")
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if torch.is_tensor(x):
+        return x.tolist() if x.numel() <= 64 else f"tensor{tuple(x.shape)}"
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict], meta: dict, *,
+                   max_bytes: int = 9 * 2**20, trace_components=DIAGNOSTIC_COMPONENTS) -> dict:
+    """Write ``<path_stem>.safetensors`` (every tensor the replay needs, plus production's
+    diagnostic components while they fit in ``max_bytes``) and ``<path_stem>.json``
+    (per-call metadata, proposals' step counts, ``meta``). Returns a summary."""
+    from safetensors.torch import save_file
+
+    from harness.atomic import atomic_write, atomic_write_json
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def put(name, t):
+        tensors[name] = t.detach().cpu().contiguous().clone()
+
+    call_meta = []
+    for i, c in enumerate(calls):
+        for f in _CALL_TENSORS:
+            t = getattr(c, f)
+            if t is not None:
+                put(f"call{i:05d}.{f}", t)
+        call_meta.append({"engine_step": c.engine_step, "draft_step": c.draft_step,
+                          "spec_step_idx": c.spec_step_idx, "notes": _jsonable(c.notes)})
+    prop_meta = []
+    for j, p in enumerate(proposals):
+        if torch.is_tensor(p.get("draft_tokens")):
+            put(f"prop{j:05d}.draft_tokens", p["draft_tokens"])
+        prop_meta.append({k: _jsonable(v) for k, v in p.items() if k != "draft_tokens"})
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    kept, dropped = [], []
+    for comp in trace_components:  # diagnostics, in dataflow order, while they fit
+        extra = {f"call{i:05d}.trace.{comp}": c.trace[comp] for i, c in enumerate(calls)
+                 if torch.is_tensor(c.trace.get(comp))}
+        nbytes = sum(t.numel() * t.element_size() for t in extra.values())
+        if not extra:
+            continue
+        if size + nbytes > max_bytes:
+            dropped.append(comp)
+            continue
+        for k, t in extra.items():
+            put(k, t)
+        size += nbytes
+        kept.append(comp)
+    atomic_write(path_stem + ".safetensors", lambda tmp: save_file(tensors, tmp))
+    summary = {"format": RECORDING_FORMAT, "calls": len(calls), "proposals": len(proposals),
+               "tensor_bytes": size, "trace_components": kept, "trace_components_dropped": dropped}
+    atomic_write_json(path_stem + ".json", {**summary, "meta": _jsonable(meta), "call_meta": call_meta,
+                                            "proposal_meta": prop_meta})
+    return summary
+
+
+def load_recording(path_stem: str) -> tuple[list[DraftCall], list[dict], dict]:
+    """Inverse of ``save_recording``: (calls, proposals, the JSON document)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    with open(path_stem + ".json") as f:
+        doc = json.load(f)
+    if doc.get("format") != RECORDING_FORMAT:
+        raise ValueError(f"{path_stem}.json: recording format {doc.get('format')}, expected {RECORDING_FORMAT}")
+    tensors = load_file(path_stem + ".safetensors")
+    calls = []
+    for i, m in enumerate(doc["call_meta"]):
+        pre = f"call{i:05d}."
+        get = {f: tensors.get(pre + f) for f in _CALL_TENSORS}
+        trace = {k[len(pre + "trace."):]: v for k, v in tensors.items() if k.startswith(pre + "trace.")}
+        call = DraftCall(m["engine_step"], m["draft_step"], spec_step_idx=m["spec_step_idx"], trace=trace,
+                         notes=m.get("notes", {}), **get)
+        calls.append(call)
+    props = []
+    for j, m in enumerate(doc["proposal_meta"]):
+        props.append({**m, "draft_tokens": tensors.get(f"prop{j:05d}.draft_tokens")})
+    return calls, props, doc

@@ -100,8 +100,12 @@ class ProductionSession:
     # ---- running -------------------------------------------------------------
     @torch.inference_mode()
     def run(self, first, steps: int, *, spec_step_idx="proposer",
-            share_indices: bool | None = None) -> dict[str, torch.Tensor]:
-        """{"step{k}.{component}": tensor} for ``steps`` draft steps from ``first`` (a reference.StepInput)."""
+            share_indices: bool | None = None, record: bool = True) -> dict[str, torch.Tensor]:
+        """{"step{k}.{component}": tensor} for ``steps`` draft steps from ``first`` (a reference.StepInput).
+
+        ``record=False`` attaches no hooks (the trace holds only the step inputs,
+        logits and draft tokens): for timing the production path undisturbed.
+        """
         from vllm.config import set_current_vllm_config
         from vllm.forward_context import set_forward_context
 
@@ -128,7 +132,7 @@ class ProductionSession:
             if hasattr(model.model, "set_skip_topk"):
                 model.model.set_skip_topk(False)
         rec = capture.Recorder()
-        self.attach_notes = capture.attach(model, rec)
+        self.attach_notes = capture.attach(model, rec) if record else []
         out: dict[str, torch.Tensor] = {}
         self.notes = []
         ids = first.input_ids.to(torch.long)

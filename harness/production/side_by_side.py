@@ -66,15 +66,26 @@ class GpuCase:
     # substrings of post-load audit problems that are known production issues:
     # such a case loads non-strictly and the test accepts exactly those problems
     known_audit: tuple = ()
+    # a checkpoint directory (``harness.checkpoint.loader``): its config and
+    # weights replace preset/overrides; seed/requests/tokens still make the inputs
+    ckpt_dir: str | None = None
 
     def hf_config(self) -> dict:
-        """The preset's config with the overrides (no quantization fields: see ``case_inputs``)."""
+        """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
+        or the checkpoint's ``config.json``."""
+        if self.ckpt_dir:
+            with open(os.path.join(self.ckpt_dir, "config.json")) as f:
+                return json.load(f)
         return preset(self.preset, **dict(self.overrides))
 
 
 @functools.lru_cache(maxsize=4)
 def _case_inputs(case_id: str, case_json: str):
     case = _case_from_dict(json.loads(case_json))
+    if case.ckpt_dir:  # a checkpoint on disk: read like any real one (FP8 stays FP8 for vLLM)
+        from harness.checkpoint.loader import load_checkpoint
+        loaded = load_checkpoint(case.ckpt_dir)
+        return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
     hf = case.hf_config()
     cfg = R.MTPConfig.from_hf_dict(hf)
     weights = R.random_weights(cfg, case.seed)

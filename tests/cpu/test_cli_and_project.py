@@ -47,6 +47,26 @@ def test_compare_cannot_judge_without_a_gpu():
     assert r.stdout.strip() == "cannot judge: no CUDA device"
 
 
+def test_compare_takes_a_checkpoint_directory_and_tp(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert run("synth", str(ckpt), "--preset", "tiny").returncode == 0
+    # valid input, no GPU: cannot judge (after the arguments were checked)
+    r = run_without_gpu("compare", str(ckpt), "--steps", "2")
+    assert r.returncode == 125 and r.stdout.strip() == "cannot judge: no CUDA device", r.stdout + r.stderr
+    r = run_without_gpu("compare", str(ckpt), "--tp", "2")
+    assert r.returncode == 125, r.stdout + r.stderr
+    # bad input: exit 2, one line naming the culprit, before any GPU question
+    r = run_without_gpu("compare", str(ckpt), "--tp", "3")
+    assert r.returncode == 2 and "--tp 3 does not divide num_attention_heads 4" in r.stderr, r.stderr
+    (tmp_path / "empty").mkdir()
+    r = run_without_gpu("compare", str(tmp_path / "empty"))
+    assert r.returncode == 2 and "not a checkpoint directory (no config.json)" in r.stderr, r.stderr
+    fp8 = tmp_path / "fp8"
+    assert run("synth", str(fp8), "--preset", "small", "--quant", "fp8").returncode == 0
+    r = run_without_gpu("compare", str(fp8), "--tp", "4")  # small: 8 heads; FP8 shards of 64 at TP=4
+    assert r.returncode == 2 and "FP8 128x128 blocks need" in r.stderr, r.stderr
+
+
 def test_pyproject_pins_match_ci_requirements():
     req = {line.split("==")[0]: line.strip() for line in (ROOT / "requirements/ci.txt").read_text().splitlines()
            if line.strip() and not line.startswith("#")}
