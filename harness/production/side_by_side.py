@@ -160,6 +160,10 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     GpuCase("tiny-k2-two-mtp-layers", overrides=(("num_nextn_predict_layers", 2),), steps=2, seed=15,
             known_audit=("model.layers.3.shared_head.head.weight",)),
     GpuCase("tiny-k3-batch8", requests=8, tokens=64, steps=3, seed=17),
+    # HYV4Config's MTP dimensions (hidden 2816, 32 heads, 256 experts top-8, v 256,
+    # index_topk 2048; vocab cut to 8192): ~13 GB of float64 reference weights,
+    # the reference replays take tens of seconds on the host CPU
+    GpuCase("real-dims-k2", preset="real-dims", requests=2, tokens=24, steps=2, seed=21),
     # FP8 checkpoints (mtp_quant_algo FP8, 128x128 blocks): production loads the
     # stored e4m3 weights + scales through vLLM's FP8 paths (Fp8LinearMethod,
     # Fp8MoEMethod, FP8 indexer wk dequant); the reference runs on the exact
