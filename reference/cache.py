@@ -52,6 +52,16 @@ class DraftCache:
         assert slot is not None
         return slot[name][positions]
 
+    def invalidate(self, layer: int, request: int, positions) -> None:
+        """Mark entries at ``positions`` as not written (content that must never be read,
+        e.g. the KV production wrote from rejected rows); a later read of them raises."""
+        slot = self._store.get((layer, request))
+        if slot is None:
+            return
+        for p in positions:
+            if 0 <= int(p) < slot["written"].numel():
+                slot["written"][int(p)] = False
+
     def length(self, layer: int, request: int) -> int:
         """1 + the highest written position (0 when empty)."""
         slot = self._store.get((layer, request))

@@ -175,7 +175,11 @@ def load_draft_weights(runner, draft, ckpt: dict) -> dict:
             raise
         with torch.inference_mode():  # parameters created under inference mode
             loaded, pre, warnings = build.load_checkpoint(draft, runner.vllm_config, ckpt, dev)
-    problems = audit.audit_loaded_model(draft, loaded, pre, warnings)
+    raw = audit.audit_loaded_model(draft, loaded, pre, warnings)
+    derived = derived_weight_check(draft)
+    problems = exempt_derived(raw, {n for n, ok in derived.items() if ok is True})
+    problems += [f"{n}: derived weight does not match vLLM's recomputation from kv_b_proj ({ok})"
+                 for n, ok in derived.items() if ok is not True]
     inner = draft.model
     layer = next(iter(inner.layers.values()))
     name = next(k for k in ckpt if k.endswith(".enorm.weight"))
@@ -184,7 +188,61 @@ def load_draft_weights(runner, draft, ckpt: dict) -> dict:
                                          ckpt["model.embed_tokens.weight"].to(inner.embed_tokens.weight.dtype))),
         "enorm": bool(torch.equal(layer.enorm.weight.cpu(), ckpt[name].to(layer.enorm.weight.dtype))),
     }
-    return {"loaded_params": len(loaded), "audit": problems, "landed": landed}
+    return {"loaded_params": len(loaded), "audit": problems, "audit_raw": raw,
+            "derived_weights": {n: ok for n, ok in derived.items()}, "landed": landed}
+
+
+# the absorbed MLA weights MLAAttention.process_weights_after_loading derives from kv_b_proj
+DERIVED_MLA_WEIGHTS = ("W_UK_T", "W_UV")
+
+
+def derived_weight_check(model) -> dict[str, object]:
+    """{full name of each MLA derived weight: True when it equals vLLM's own recomputation
+    from the live ``kv_b_proj`` (``split_kv_b_proj``, permuted as process_weights_after_loading
+    stores it), else why not}."""
+    from vllm.model_executor.layers.attention.mla_attention import split_kv_b_proj
+
+    out: dict[str, object] = {}
+    for mname, m in model.named_modules():
+        if not (hasattr(m, "kv_b_proj") and hasattr(m, "W_UK_T") and hasattr(m, "W_UV")):
+            continue
+        try:
+            w_uv_live, w_ukt_live = m.W_UV, m.W_UK_T
+            with torch.no_grad():
+                w_uk, w_uv = split_kv_b_proj(m.kv_b_proj, w_uv_live.dtype, m.kv_lora_rank, m.num_heads,
+                                             m.qk_nope_head_dim, m.v_head_dim)
+            expect = {"W_UK_T": w_uk.permute(1, 2, 0), "W_UV": w_uv.transpose(0, 1)}
+            live = {"W_UK_T": w_ukt_live, "W_UV": w_uv_live}
+            for n in DERIVED_MLA_WEIGHTS:
+                a, e = live[n].detach(), expect[n].detach()
+                name = f"{mname}.{n}" if mname else n
+                if tuple(a.shape) != tuple(e.shape):
+                    out[name] = f"shape {tuple(a.shape)} vs {tuple(e.shape)}"
+                elif torch.equal(a, e.to(a.dtype)):
+                    out[name] = True
+                else:
+                    out[name] = f"max |d| {float((a.float() - e.float()).abs().max()):.4g}"
+        except Exception as exc:  # noqa: BLE001 - report, do not exempt
+            out[f"{mname}.W_UK_T/W_UV"] = f"check failed: {exc.__class__.__name__}: {exc}"
+    return out
+
+
+def exempt_derived(problems: list[str], derived_ok: set[str]) -> list[str]:
+    """``problems`` less the "received no checkpoint value" of verified derived weights (a loader
+    warning listing names keeps the others); every other problem stays."""
+    out = []
+    for p in problems:
+        name = p.split(": ", 1)[0]
+        if p.endswith("received no checkpoint value") and name in derived_ok:
+            continue
+        if p.startswith("loader warning:") and "received no checkpoint value:" in p:
+            head, names = p.rsplit(": ", 1)
+            rest = [n for n in (x.strip() for x in names.split(",")) if n and n not in derived_ok]
+            if not rest:
+                continue
+            p = f"{head}: {', '.join(rest)}"
+        out.append(p)
+    return out
 
 
 # ---- recording -----------------------------------------------------------------------------------
@@ -365,7 +423,7 @@ def prompts_for(case: EngineCase, vocab: int) -> list[list[int]]:
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in case.prompt_lens]
 
 
-def run_case(case: EngineCase, *, log=print) -> dict:
+def run_case(case: EngineCase, *, log=print, out: str | None = None) -> dict:
     """Build, load, hook, generate, replay, judge; the report as a JSON-able dict."""
     import reference as R
     from harness.presets import check_kernel_constraints
@@ -403,6 +461,18 @@ def run_case(case: EngineCase, *, log=print) -> dict:
     rep["generated"] = [list(o.outputs[0].token_ids) for o in outs]
     for e in tap.errors[:3]:
         log("tap error:", e)
+    if out:  # before judging: a crash in the replay still leaves the recording for --rejudge
+        try:
+            stem = os.path.join(out, f"engine_calls_{case.id}")
+            os.makedirs(out, exist_ok=True)
+            meta = {"case": dataclasses.asdict(case), "versions": rep["versions"], "runner": rep["runner"],
+                    "sharing": rep["sharing"], "load": rep["load"], "tap_errors": tap.errors,
+                    "generated": rep["generated"], "prompts": prompts}
+            rep["recording"] = save_recording(stem, tap.calls, tap.proposals, meta)
+            log("recording:", stem + ".safetensors", json.dumps(rep["recording"]))
+        except Exception:  # noqa: BLE001 - the verdict does not depend on it
+            rep["recording"] = {"error": traceback.format_exc()}
+            log("recording failed:", rep["recording"]["error"])
     rep.update(judge_run(cfg, weights, tap.calls, tap.proposals, tap.errors, case, log=log))
     rep["timing_s"]["reference"] = rep.pop("reference_s")
     rep["timing_s"]["total"] = time.perf_counter() - t0
@@ -422,11 +492,14 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     log(f"recorded {len(recorded)} draft forwards in {facts['engine_steps']} engine steps; facts:", json.dumps(facts))
     for i, c in enumerate(calls[: 2 * case.num_speculative_tokens + 2]):
         span = f"{int(c.positions.min())}..{int(c.positions.max())}" if c.num_tokens else "-"
+        lti = None if c.last_token_indices is None else c.last_token_indices.tolist()
         log(f"  call {i}: engine_step {c.engine_step} draft_step {c.draft_step} T={c.num_tokens} "
             f"qsl={c.query_start_loc.tolist()[:9]} keys={c.request_keys.tolist()} pos[{span}] "
+            f"positions={c.positions.tolist()[:16] if c.num_tokens <= 16 else '...'} "
+            f"seq_lens={None if c.seq_lens is None else c.seq_lens.tolist()} last_token_indices={lti} "
             f"sample_rows={None if c.sample_rows is None else c.sample_rows.tolist()} "
             f"tokens={None if c.tokens is None else c.tokens.tolist()} topk={'yes' if c.topk_rows is not None else 'no'} "
-            f"notes={json.dumps(c.notes)}")
+            f"notes={json.dumps(c.notes, default=str)}")
     t = time.perf_counter()
     replays = replay(cfg, weights, calls, R.EXACT)
     t_ref = time.perf_counter() - t
@@ -438,7 +511,10 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
         "drafted": tokens["drafted"], "compared": tokens["compared"], "ties": tokens["ties"],
         "ties_differing": tokens["ties_differing"], "mismatches": tokens["mismatches"],
         "not_replayed": tokens["not_replayed"], "replay_errors": len(errors),
-        "calls_without_logits": sum(c.tokens is None for c in calls),
+        "calls_without_logits": sum(c.tokens is None and expects_logits(c, proposals) for c in calls),
+        "sampled_row_not_last_token_index": facts["sampled_row_not_last_token_index"],
+        "seq_len_disagreements": facts["seq_len_disagreements"],
+        "step0_without_last_token_indices": sum(c.draft_step == 0 and c.last_token_indices is None for c in calls),
         "unmatched_sample_rows": sum(int((c.sample_rows < 0).sum()) for c in calls if c.sample_rows is not None),
         "ambiguous_sample_rows": sum(c.notes.get("ambiguous_sample_rows", 0) for c in calls),
         "calls_without_topk_rows": sum(c.topk_rows is None for c in calls) if cfg.attention_sparse else 0,
@@ -463,7 +539,9 @@ def verdict_problems(rep: dict) -> list[str]:
     if c["compared"] < 1:
         p.append("no draft token was compared")
     for key in ("replay_errors", "not_replayed", "calls_without_logits", "unmatched_sample_rows",
-                "tap_errors", "proposal_token_disagreements"):
+                "tap_errors", "proposal_token_disagreements",
+                # the replay's model of the proposer (engine_replay's module doc) does not hold
+                "sampled_row_not_last_token_index", "seq_len_disagreements", "step0_without_last_token_indices"):
         if c.get(key):
             p.append(f"{key}: {c[key]}")
     if rep.get("load", {}).get("audit"):
@@ -482,7 +560,12 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", choices=sorted(ENGINE_CASES),
                     help="case id (default: all)")
     ap.add_argument("--out", default=None, help="directory for engine_mtp_<case>.json (default $HYV4_REPORT_DIR)")
+    ap.add_argument("--rejudge", metavar="DIR", default=None,
+                    help="re-judge the recordings engine_calls_<case>.* saved in DIR (CPU, no vLLM); "
+                         "reports to --out as engine_mtp_<case>.rejudge.json")
     args = ap.parse_args(argv)
+    if args.rejudge:
+        return rejudge_dir(args.rejudge, args.case, args.out)
     from harness.runtime import cannot_run_production_reason
 
     reason = cannot_run_production_reason()
@@ -497,27 +580,84 @@ def main(argv=None) -> int:
     codes = []
     for cid in ids:
         try:
-            rep = run_case(ENGINE_CASES[cid])
+            rep = run_case(ENGINE_CASES[cid], out=out)
         except Exception:  # noqa: BLE001 - a crash in vLLM: cannot judge
             print(f"== {cid}: ERROR\n{traceback.format_exc()}", flush=True)
             rep, code = {"case": cid, "error": traceback.format_exc()}, 125
         else:
-            problems = verdict_problems(rep)
-            code = 1 if problems else 0
-            print(f"== {cid}: {'PASS' if not problems else 'FAIL'} counts {json.dumps(rep['counts'])}", flush=True)
-            for line in problems:
-                print("   problem:", line)
-            print("   components (max |d|, calls out of tol):",
-                  {k: (round(v["max_abs"], 4), v.get("calls_out_of_tol")) for k, v in rep["components"].items()})
-            print("   mismatch examples:", json.dumps(rep["mismatch_examples"][:3]))
-            print("   replay errors:", rep["replay_errors"][:3], "tap errors:", [e[-300:] for e in rep["tap_errors"][:2]])
-            print("   sharing:", json.dumps(rep["sharing"]), "facts:", json.dumps(rep["facts"]))
-            print("   timing:", {k: round(v, 1) for k, v in rep["timing_s"].items()}, flush=True)
+            code = _print_verdict(cid, rep)
         codes.append(code)
         if out:
             os.makedirs(out, exist_ok=True)
             atomic_write_json(os.path.join(out, f"engine_mtp_{cid}.json"), rep, default=str)
     return worst_exit_code(codes)
+
+
+def case_from_dict(d: dict) -> EngineCase:
+    """Inverse of ``dataclasses.asdict`` for an ``EngineCase`` (JSON lists back to tuples)."""
+    d = dict(d)
+    d["overrides"] = tuple(tuple(x) for x in d.get("overrides", ()))
+    d["prompt_lens"] = tuple(d.get("prompt_lens", ()))
+    return EngineCase(**d)
+
+
+def rejudge(stem: str, *, log=print) -> dict:
+    """Replay and judge one saved recording (``<stem>.safetensors`` + ``.json``) on CPU."""
+    import reference as R
+    from harness.production.side_by_side import GpuCase, case_inputs
+
+    calls, proposals, doc = load_recording(stem)
+    meta = doc["meta"]
+    case = case_from_dict(meta["case"])
+    _hf, _ckpt, weights = case_inputs(GpuCase(case.id, preset=case.preset, overrides=case.overrides, seed=case.seed))
+    cfg = R.MTPConfig.from_hf_dict(_hf)
+    rep = {"case": meta["case"], "rejudged_from": stem, "versions": meta.get("versions"),
+           "runner": meta.get("runner"), "sharing": meta.get("sharing"), "load": meta.get("load", {}),
+           "recording": {k: v for k, v in doc.items() if k not in ("meta", "call_meta", "proposal_meta")}}
+    rep.update(judge_run(cfg, weights, calls, proposals, list(meta.get("tap_errors", [])), case, log=log))
+    rep["timing_s"] = {"reference": rep.pop("reference_s")}
+    rep["passed"] = verdict_problems(rep) == []
+    return rep
+
+
+def rejudge_dir(src: str, case_ids, out: str | None) -> int:
+    import glob
+
+    stems = sorted(p[: -len(".json")] for p in glob.glob(os.path.join(src, "engine_calls_*.json")))
+    if case_ids:
+        stems = [s for s in stems if os.path.basename(s)[len("engine_calls_"):] in case_ids]
+    if not stems:
+        print(f"cannot judge: no engine_calls_<case>.json in {src}")
+        return 125
+    codes = []
+    for stem in stems:
+        cid = os.path.basename(stem)[len("engine_calls_"):]
+        try:
+            rep = rejudge(stem)
+        except Exception:  # noqa: BLE001 - an unreadable recording: cannot judge
+            print(f"== {cid} (rejudge): ERROR\n{traceback.format_exc()}", flush=True)
+            rep, code = {"case": cid, "error": traceback.format_exc()}, 125
+        else:
+            code = _print_verdict(f"{cid} (rejudge)", rep)
+        codes.append(code)
+        if out:
+            os.makedirs(out, exist_ok=True)
+            atomic_write_json(os.path.join(out, f"engine_mtp_{cid}.rejudge.json"), rep, default=str)
+    return worst_exit_code(codes)
+
+
+def _print_verdict(title: str, rep: dict) -> int:
+    problems = verdict_problems(rep)
+    print(f"== {title}: {'PASS' if not problems else 'FAIL'} counts {json.dumps(rep['counts'])}", flush=True)
+    for line in problems:
+        print("   problem:", line)
+    print("   components (max |d|, calls out of tol):",
+          {k: (round(v["max_abs"], 4), v.get("calls_out_of_tol")) for k, v in rep["components"].items()})
+    print("   mismatch examples:", json.dumps(rep["mismatch_examples"][:3]))
+    print("   replay errors:", rep["replay_errors"][:3], "tap errors:", [e[-300:] for e in rep["tap_errors"][:2]])
+    print("   sharing:", json.dumps(rep.get("sharing")), "facts:", json.dumps(rep["facts"]))
+    print("   timing:", {k: round(v, 1) for k, v in rep["timing_s"].items()}, flush=True)
+    return 1 if problems else 0
 
 
 def worst_exit_code(codes) -> int:

@@ -369,6 +369,8 @@ def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None) -> di
             lti = call.last_token_indices
             if call.sample_rows is not None and lti is not None and lti.numel() >= call.sample_rows.numel():
                 sampled_not_proposer += int((call.sample_rows.long() != lti[: call.sample_rows.numel()].long()).sum())
+            if lti is None and call.sample_rows is not None and call.sample_rows.numel() == nreq:
+                lti = call.sample_rows  # as step0_rows does
             for r, key in enumerate(call.request_keys.tolist()[:nreq]):
                 if qsl[r + 1] == qsl[r]:
                     continue
@@ -449,6 +451,15 @@ def _jsonable(x):
     return str(x)
 
 
+def _narrow(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as bfloat16 when that is lossless (a bf16 value held in float32), else as is."""
+    if t.dtype in (torch.float32, torch.float64) and t.numel():
+        b = t.to(torch.bfloat16)
+        if torch.equal(b.to(t.dtype), t):
+            return b
+    return t
+
+
 def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict], meta: dict, *,
                    max_bytes: int = 9 * 2**20, trace_components=DIAGNOSTIC_COMPONENTS) -> dict:
     """Write ``<path_stem>.safetensors`` (every tensor the replay needs, plus production's
@@ -479,7 +490,7 @@ def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict]
     size = sum(t.numel() * t.element_size() for t in tensors.values())
     kept, dropped = [], []
     for comp in trace_components:  # diagnostics, in dataflow order, while they fit
-        extra = {f"call{i:05d}.trace.{comp}": c.trace[comp] for i, c in enumerate(calls)
+        extra = {f"call{i:05d}.trace.{comp}": _narrow(c.trace[comp]) for i, c in enumerate(calls)
                  if torch.is_tensor(c.trace.get(comp))}
         nbytes = sum(t.numel() * t.element_size() for t in extra.values())
         if not extra:

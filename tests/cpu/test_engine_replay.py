@@ -7,6 +7,8 @@ reported), index sharing, the token verdict and the run facts. No vLLM needed.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -167,9 +169,13 @@ def test_run_facts_steps_acceptance_and_proposals():
              {"engine_step": 1, "draft_tokens": torch.tensor([[1, 9]])}]
     f = run_facts(calls, props)
     assert f["engine_steps"] == 3 and f["max_draft_steps"] == 2 and f["max_context"] == 7
-    assert f["accepted_drafts_per_step"] == {"1": 1}  # engine step 1 started at 3, step 2 at 5
+    assert f["accepted_drafts_per_step"] == {"0": 2}  # step 0 sampled its first row: none accepted
     assert f["proposal_token_disagreements"] == 1
-    assert f["sampled_row_not_last_row"] == 3  # step 0 samples row 0 of 2-3 rows
+    assert f["step0_rejected_rows"] == 4  # step 0 samples row 0 of 2-3 rows: the rows after it are rejected
+    assert f["sampled_row_not_last_token_index"] == 0
+    # a propose(num_speculative_tokens=0) returns -1s and samples nothing: not a disagreement
+    props.append({"engine_step": 2, "num_speculative_tokens": 0, "draft_tokens": torch.tensor([[-1, -1]])})
+    assert run_facts(calls, props)["proposal_token_disagreements"] == 1
 
 
 def test_verdict_and_exit_codes():
@@ -183,11 +189,12 @@ def test_verdict_and_exit_codes():
     assert worst_exit_code([0, 125]) == 125 and worst_exit_code([125, 1, 0]) == 1 and worst_exit_code([0]) == 0
 
 
-def _simulated_engine(cfg, k_steps=2, engine_steps=3):
+def _simulated_engine(cfg, k_steps=2, engine_steps=3, stale=True):
     """Calls shaped like a V2 MTP proposer's: a prefill, then per engine step a step 0 over K+1 rows
-    per request (sampled row = last accepted) and K-1 one-token steps; production tokens/logits = the
-    reference's own (what a faithful engine would record)."""
-    gen = torch.Generator().manual_seed(3)
+    per request (sampled row = last accepted = ``last_token_indices``; with ``stale`` the rejected rows
+    after it hold stale ids / positions, as prepare_prefill_inputs leaves them) and K-1 one-token
+    steps; metadata seq_lens as vLLM builds them."""
+    gen, junk = torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)
     first = R.make_case(cfg, 7, 2, 6)
     lens = torch.bincount(first.request).tolist()
     keys = [21, 6]
@@ -198,17 +205,26 @@ def _simulated_engine(cfg, k_steps=2, engine_steps=3):
 
     calls, start = [], list(lens)
     calls.append(DraftCall(0, 0, first.input_ids, first.positions, first.hidden.to(torch.bfloat16), _qsl(lens),
-                           torch.tensor(keys), sample_rows=first.last_rows()))
+                           torch.tensor(keys), sample_rows=first.last_rows(), last_token_indices=first.last_rows(),
+                           seq_lens=torch.tensor(lens)))
     for e in range(engine_steps):
         for k in range(1, k_steps):
             ids, hid = rnd(2)
-            calls.append(DraftCall(e, k, ids, torch.tensor([s + k - 1 for s in start]), hid, _qsl([1, 1]),
-                                   torch.tensor(keys), sample_rows=torch.arange(2)))
+            pos = torch.tensor([s + k - 1 for s in start])
+            calls.append(DraftCall(e, k, ids, pos, hid, _qsl([1, 1]), torch.tensor(keys),
+                                   sample_rows=torch.arange(2), seq_lens=pos + 1))
         acc = [e % k_steps, 0]
         ids, hid = rnd(2 * (k_steps + 1))
         pos = torch.cat([torch.arange(s, s + k_steps + 1) for s in start])
+        last = torch.tensor([acc[0], k_steps + 1 + acc[1]])
+        if stale:  # (own generator: the other inputs stay the same with and without)
+            for r, a in enumerate(acc):
+                bad = slice(r * (k_steps + 1) + a + 1, (r + 1) * (k_steps + 1))
+                pos[bad] = torch.randint(0, 3 * k_steps, (bad.stop - bad.start,), generator=junk)
+                ids[bad] = torch.randint(0, cfg.vocab_size, (bad.stop - bad.start,), generator=junk)
         calls.append(DraftCall(e + 1, 0, ids, pos, hid, _qsl([k_steps + 1] * 2), torch.tensor(keys),
-                               sample_rows=torch.tensor([acc[0], k_steps + 1 + acc[1]])))
+                               sample_rows=last, last_token_indices=last,
+                               seq_lens=torch.tensor([s + k_steps + 1 for s in start])))
         start = [s + a + 1 for s, a in zip(start, acc)]
     return calls
 
@@ -230,10 +246,97 @@ def test_judge_run_report_of_a_faithful_engine_passes():
     c = rep["counts"]
     assert verdict_problems(rep) == [], verdict_problems(rep)
     assert c["drafted"] == c["compared"] + c["ties"] == 2 * len(calls) and c["max_draft_steps"] == 2
-    assert rep["facts"]["accepted_drafts_per_step"] == {"0": 3, "1": 1}
+    assert rep["facts"]["accepted_drafts_per_step"] == {"0": 5, "1": 1}
+    assert rep["facts"]["seq_len_disagreements"] == 0 and rep["facts"]["step0_rejected_rows"] == 11  # (2+2) + (1+2) + (2+2)
     # a production token flipped on a decisive row is a mismatch
     calls[-1].tokens = calls[-1].tokens.clone()
     row = next(s for s in range(2) if logit_margin_decisive(calls[-1].logits[s], LOGITS_TOL))
     calls[-1].tokens[row] = (calls[-1].tokens[row] + 1) % cfg.vocab_size
     bad = judge_run(cfg, w, calls, props, [], EngineCase("sim", num_speculative_tokens=2), log=lambda *a: None)
     assert bad["counts"]["mismatches"] == 1 and bad["counts"]["proposal_token_disagreements"] == 1
+
+
+def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
+    """Stale ids / positions in step 0's rejected rows change nothing (they are not replayed); the
+    slots they wrote are unwritten for the reference: a read of one is reported."""
+    case = CASES["tiny-share-indexer"]
+    cfg, w = case.config(), case.weights()
+    clean = replay(cfg, w, _simulated_engine(cfg, stale=False))
+    calls = _simulated_engine(cfg, stale=True)
+    dirty = replay(cfg, w, calls)
+    assert not [r.error for r in clean + dirty if r.error]
+    for a, b in zip(clean, dirty):
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.tokens, b.tokens)
+    assert dirty[4].rows.tolist() == [0, 1, 3]  # engine step 2: request 0 accepted 1 draft, request 1 none
+    # a step 1 that skipped position sample + 1 would read a rejected row's slot (a case where
+    # steps >= 1 attend to their whole context: with index sharing they read step 0's top-k only)
+    case = CASES["tiny-moe-sink-elementwise"]
+    cfg, w = case.config(), case.weights()
+    calls = _simulated_engine(cfg, stale=True)
+    assert not [r.error for r in replay(cfg, w, calls) if r.error]
+    skip = dataclasses.replace(calls[5], positions=calls[5].positions + 1, seq_lens=calls[5].seq_lens + 1)
+    reps = replay(cfg, w, calls[:5] + [skip])
+    assert reps[-1].error and "UnwrittenKVError" in reps[-1].error
+
+
+def test_recording_round_trip_and_rejudge(tmp_path):
+    from harness.production.engine import EngineCase, judge_run, main, rejudge
+    from harness.production.engine_replay import load_recording, save_recording
+    from harness.production.side_by_side import GpuCase, case_inputs
+
+    case = EngineCase("sim-rejudge", overrides=(("index_share_for_mtp_iteration", True),), seed=5,
+                      num_speculative_tokens=2)
+    hf, _ckpt, w = case_inputs(GpuCase(case.id, preset=case.preset, overrides=case.overrides, seed=case.seed))
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    calls = _simulated_engine(cfg)
+    for c, r in zip(calls, replay(cfg, w, calls)):
+        c.tokens, c.logits = r.tokens.clone(), r.logits.float()
+        c.trace = {k: r.trace[k].to(torch.bfloat16) for k in ("enorm", "attn.core", "final_norm")}
+        c.topk_rows = r.trace["attn.topk"].to(torch.int32)
+        c.notes = {"metadata": {"x": {"num_reqs": 2}}, "t": torch.tensor([1, 2])}
+    props = [{"engine_step": e, "num_speculative_tokens": 2,
+              "draft_tokens": torch.stack([c.tokens for c in calls if c.engine_step == e], 1)} for e in range(4)]
+    stem = str(tmp_path / "rec" / f"engine_calls_{case.id}")
+    (tmp_path / "rec").mkdir()
+    meta = {"case": dataclasses.asdict(case), "load": {"audit": [], "landed": {"enorm": True}}, "tap_errors": []}
+    summary = save_recording(stem, calls, props, meta)
+    assert summary["trace_components"] == ["enorm", "attn.core", "final_norm"] and summary["tensor_bytes"] < 10 * 2**20
+    back, props2, doc = load_recording(stem)
+    assert len(back) == len(calls) and doc["meta"]["case"]["id"] == case.id
+    for a, b in zip(calls, back):
+        for f in ("input_ids", "positions", "hidden", "query_start_loc", "request_keys", "seq_lens", "sample_rows",
+                  "tokens", "logits", "topk_rows", "last_token_indices"):
+            x, y = getattr(a, f), getattr(b, f)
+            assert (x is None and y is None) or (torch.equal(x, y) and x.dtype == y.dtype), f
+        assert (a.engine_step, a.draft_step, a.spec_step_idx) == (b.engine_step, b.draft_step, b.spec_step_idx)
+        assert set(b.trace) == set(a.trace) and all(torch.equal(a.trace[k], b.trace[k]) for k in a.trace)
+    assert all(torch.equal(p["draft_tokens"], q["draft_tokens"]) and q["num_speculative_tokens"] == 2
+               for p, q in zip(props, props2))
+    quiet = dict(log=lambda *a: None)
+    direct = judge_run(cfg, w, calls, props, [], case, **quiet)
+    again = rejudge(stem, **quiet)
+    assert again["counts"] == direct["counts"] and again["counts"]["mismatches"] == 0
+    assert again["counts"]["compared"] > 0 and again["components"].keys() == direct["components"].keys()
+    # a size cap drops diagnostics, never the replay's inputs
+    small = save_recording(str(tmp_path / "small"), calls, props, meta, max_bytes=summary["tensor_bytes"] - 1)
+    assert small["trace_components_dropped"] and load_recording(str(tmp_path / "small"))[0][3].logits is not None
+    # the CLI: the sim's context is shorter than index_topk, so it fails that check (exit 1) but judges
+    out = tmp_path / "out"
+    assert main(["--rejudge", str(tmp_path / "rec"), "--out", str(out)]) == 1
+    assert (out / f"engine_mtp_{case.id}.rejudge.json").exists()
+    assert main(["--rejudge", str(tmp_path / "nothing")]) == 125
+
+
+def test_derived_weights_are_exempt_only_when_verified():
+    from harness.production.engine import exempt_derived
+
+    a, b, c = "m.l.mla_attn.W_UK_T", "m.l.mla_attn.W_UV", "m.l.enorm.weight"
+    problems = [f"{a}: received no checkpoint value", f"{c}: received no checkpoint value",
+                f"loader warning: HYV4 MTP draft model: 2 parameters received no checkpoint value: {a}, {b}",
+                f"loader warning: HYV4 MTP draft model: 2 parameters received no checkpoint value: {a}, {c}",
+                "x.scale: contains NaN"]
+    assert exempt_derived(problems, {a, b}) == [
+        f"{c}: received no checkpoint value",
+        f"loader warning: HYV4 MTP draft model: 2 parameters received no checkpoint value: {c}",
+        "x.scale: contains NaN"]
+    assert exempt_derived(problems, set()) == problems

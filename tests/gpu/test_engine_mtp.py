@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from harness.production.engine import ENGINE_CASES, verdict_problems
+from harness.production.engine import ENGINE_CASES, rejudge, verdict_problems
 
 pytestmark = pytest.mark.gpu
 
@@ -51,5 +51,10 @@ def test_engine_draft_tokens_match_reference(case_id, tmp_path):
     assert c["max_context"] > c["index_topk"], c
     if c["num_speculative_tokens"] >= 2:  # the proposer's multi-step loop ran
         assert c["max_draft_steps"] >= 2, rep["facts"]
+    # the saved recording re-judged offline (CPU) gives the same counts
+    rec = rep.get("recording", {})
+    assert "error" not in rec and rec.get("tensor_bytes", 0) < 10 * 2**20, rec
+    again = rejudge(os.path.join(out, f"engine_calls_{case_id}"), log=lambda *a: None)
+    assert again["counts"] == c, (again["counts"], c)
     assert verdict_problems(rep) == [], verdict_problems(rep)
     assert proc.returncode == 0, proc.returncode
