@@ -78,7 +78,7 @@ GPU_VS_REFERENCE: dict[str, Tolerance] = {
 # bf16.
 # MEASURED (H200, vLLM 0.33.0, torch 2.11.0+cu130, 2026-12-01, pytest -m gpu,
 # tiny-k2-fp8-split-long / tiny-k2-fp8-ue8m0-fused-scale-long, 2 x 160 tokens,
-# 2 steps; reports/h200x2-2026-12-01/call6-gpu_side_by_side.jsonl.gz): both
+# 2 steps; reports/h200-2026-12-01/call6-gpu_side_by_side.jsonl.gz): both
 # pass. Measured max |d| / atol per FP8-widened component, fp8 | ue8m0:
 # attn.q_c .41|.45, attn.kv_c .47|.47, attn.q .53|.42, attn.k_pe .48|.45,
 # attn.core .36|.33, attn.out .36|.35, router_logits .34|.50, topk_weights
