@@ -144,6 +144,22 @@ def compare_values(name: str, actual: torch.Tensor, expected: torch.Tensor, tol:
     return res
 
 
+def _index_rows(t: torch.Tensor) -> torch.Tensor:
+    """Index rows as 2-D CPU int64: the last dimension is one row's set (a scalar is one row)."""
+    t = t.detach().cpu().long()
+    return t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
+
+
+def _index_set(row: torch.Tensor) -> set[int]:
+    return set(row[row >= 0].tolist())
+
+
+def index_rows_differing(actual: torch.Tensor, expected: torch.Tensor) -> list[int]:
+    """Rows (last dimension = one set of indices, -1 entries ignored) whose sets differ."""
+    a2, e2 = _index_rows(actual), _index_rows(expected)
+    return [r for r in range(e2.shape[0]) if _index_set(a2[r]) != _index_set(e2[r])]
+
+
 def compare_index_sets(name: str, actual: torch.Tensor, expected: torch.Tensor,
                        scores: torch.Tensor | None = None, tie_tol: float = 0.0) -> ComponentResult:
     """Row-wise set equality of index rows (-1 entries ignored).
@@ -155,14 +171,10 @@ def compare_index_sets(name: str, actual: torch.Tensor, expected: torch.Tensor,
     if tuple(actual.shape) != tuple(expected.shape):
         res.passed, res.note = False, f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
         return res
-    a2 = actual.detach().cpu().long().reshape(-1, actual.shape[-1]) if actual.dim() else actual.reshape(1, 1)
-    e2 = expected.detach().cpu().long().reshape(-1, expected.shape[-1]) if expected.dim() else expected.reshape(1, 1)
+    a2, e2 = _index_rows(actual), _index_rows(expected)
     bad_rows = 0
-    for r in range(e2.shape[0]):
-        sa = set(a2[r][a2[r] >= 0].tolist())
-        se = set(e2[r][e2[r] >= 0].tolist())
-        if sa == se:
-            continue
+    for r in index_rows_differing(a2, e2):
+        sa, se = _index_set(a2[r]), _index_set(e2[r])
         sym = sa ^ se
         if scores is not None and len(sa) == len(se):
             row = scores.reshape(-1, scores.shape[-1])[r].double()

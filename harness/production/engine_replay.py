@@ -52,6 +52,8 @@ import dataclasses
 import torch
 
 import reference as R
+from harness.compare import index_rows_differing
+from harness.production.replay import step_with_topk
 from reference.mtp import StepInput, compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
 
@@ -239,23 +241,11 @@ def _replay_rows(cfg, shards, call, cache, request, layer, num, force, shared_ro
     prod = call.topk_rows
     if prod is not None and tuple(prod.shape) != (t, cfg.index_topk):
         prod = None
-    own = None if share else step(run_indexer=True)
+    tr, own = step_with_topk(step, share=share, prod_rows=prod if force else None, shared_rows=shared_rows, t=t)
     ref_rows = own["indexer.topk"] if own is not None else (None if shared_rows is None else shared_rows[:t])
-    if force and prod is not None:
-        forced = prod.long().clone()
-        forced[forced < 0] = -1
-        tr = step(run_indexer=False, topk_rows=forced)
-    elif own is not None:
-        tr = own
-    elif ref_rows is not None:
-        tr = step(run_indexer=False, topk_rows=ref_rows)
-    else:
-        raise ValueError("index sharing: a draft step >= 1 with neither production's top-k rows "
-                         "nor a replayed step 0 to take them from")
     res = _result(tr, rows)
     if prod is not None and ref_rows is not None:
-        res.topk_rows_differing = sum(
-            set(a[a >= 0].tolist()) != set(b[b >= 0].tolist()) for a, b in zip(ref_rows.long(), prod.long()))
+        res.topk_rows_differing = len(index_rows_differing(prod, ref_rows))
     compacted = None
     if own is not None and cfg.index_share_for_mtp_iteration and call.draft_step == 0 and rows is not None:
         compacted = compact_topk(own["indexer.topk"], rows)

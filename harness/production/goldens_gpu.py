@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from harness import goldens
-from harness.compare import INDEX_COMPONENTS, Report, Tolerance, compare_traces
+from harness.compare import INDEX_COMPONENTS, Report, Tolerance, compare_traces, index_rows_differing
 from harness.production.tolerances import GPU_VS_REFERENCE
 
 KIND = "production"
@@ -98,7 +98,9 @@ def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT)
         if variant is None:
             continue
         if comp in INDEX_COMPONENTS or comp == "draft_token":
-            rows, loose_ok = _rows_differing_as_sets(now[r.name], stored[r.name]), True
+            n = stored[r.name].shape[0] if stored[r.name].dim() else 1  # draft tokens: one per row
+            rows = index_rows_differing(now[r.name].reshape(n, -1), stored[r.name].reshape(n, -1))
+            loose_ok = True
         else:
             rows = _rows_out_of_tolerance(now[r.name], stored[r.name], tols[comp])
             loose = GPU_VS_REFERENCE.get(comp)
@@ -136,12 +138,6 @@ def _order_variant_rows(prod: dict, key: str, n_rows: int, index_topk: int | Non
             return None
         pos = pos[last]
     return pos + 1 > index_topk
-
-
-def _rows_differing_as_sets(actual: torch.Tensor, expected: torch.Tensor) -> list[int]:
-    a = actual.long().reshape(actual.shape[0], -1) if actual.dim() else actual.long().reshape(1, 1)
-    e = expected.long().reshape(expected.shape[0], -1) if expected.dim() else expected.long().reshape(1, 1)
-    return [i for i in range(e.shape[0]) if set(a[i].tolist()) != set(e[i].tolist())]
 
 
 def _rows_out_of_tolerance(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> list[int]:

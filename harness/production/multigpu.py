@@ -38,7 +38,7 @@ import traceback
 
 import torch
 
-from harness.compare import INDEX_COMPONENTS
+from harness.compare import INDEX_COMPONENTS, index_rows_differing
 
 HEAD_SHARDED = ("attn.q", "attn.core", "attn.gate")
 # HYV4MoE builds its shared experts with reduce_results=False: each rank's module
@@ -47,7 +47,7 @@ HEAD_SHARDED = ("attn.q", "attn.core", "attn.gate")
 PARTIAL_SUM = ("moe.shared",)
 
 
-def _worker(rank: int, world: int, init_method: str, jobs, results, log_dir: str) -> None:
+def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
     """One TP rank: joins the group, then runs cases from ``jobs`` until it gets None."""
     import dataclasses
 
@@ -119,7 +119,7 @@ class TPWorkers:
         self.jobs = [ctx.Queue() for _ in range(self.tp)]
         init = f"tcp://127.0.0.1:{free_port()}"
         for r in range(self.tp):
-            p = ctx.Process(target=_worker, args=(r, self.tp, init, self.jobs[r], self.results, self.dir),
+            p = ctx.Process(target=_worker, args=(r, self.tp, init, self.jobs[r], self.results),
                             daemon=True)
             p.start()
             self.procs.append(p)
@@ -178,11 +178,6 @@ def _component(key: str) -> str:
     return key.split(".", 1)[1] if key.startswith("step") and "." in key else key
 
 
-def _sorted_rows(t: torch.Tensor) -> torch.Tensor:
-    t = t.long()
-    return torch.sort(t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1), dim=-1).values
-
-
 def merge_ranks(ranks: list[dict], template: dict) -> tuple[dict, dict]:
     """One full-shape trace from per-rank traces; (trace, {key: rule or problem}).
 
@@ -211,8 +206,7 @@ left out of the trace).
                 rules[key] = "replicated"
             elif len(shapes) == 1 and _component(key) in INDEX_COMPONENTS:
                 # top-k rows: the kernel's output order is not part of the contract
-                rows = [_sorted_rows(p) for p in parts]
-                differ = sum(int((~(rows[0] == x).all(-1)).sum()) for x in rows[1:])
+                differ = sum(len(index_rows_differing(p, parts[0])) for p in parts[1:])
                 merged[key] = parts[0]
                 rules[key] = ("replicated (same sets, order differs)" if differ == 0
                               else f"rank-variant: {differ} row(s) select different sets across ranks")

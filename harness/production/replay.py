@@ -26,6 +26,28 @@ from reference.mtp import StepInput, compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
 
 
+def step_with_topk(step, *, share: bool, prod_rows, shared_rows, t: int):
+    """One sparse step as the replays run it: (trace, the own-indexer trace or None).
+
+    ``step(**kw)`` runs ``forward_step`` on the step's inputs. Without index
+    sharing the reference first runs its own indexer. Attention then reads
+    production's top-k rows when given (``prod_rows``, negatives = none), else
+    the reference's own rows, else (sharing) step 0's compacted rows
+    ``shared_rows[:t]``.
+    """
+    own = None if share else step(run_indexer=True)
+    if prod_rows is not None:
+        forced = prod_rows.long().clone()
+        forced[forced < 0] = -1
+        return step(run_indexer=False, topk_rows=forced), own
+    if own is not None:
+        return own, own
+    if shared_rows is None:
+        raise ValueError("index sharing: a draft step >= 1 with neither production's top-k rows "
+                         "nor a replayed step 0 to take them from")
+    return step(run_indexer=False, topk_rows=shared_rows[:t]), own
+
+
 def replay(cfg: R.MTPConfig, weights: dict, prod: dict, first: StepInput, steps: int,
            num: R.Numerics = R.EXACT, *, layer_policy: str = "proposer") -> dict:
     """{"step{k}.{component}": tensor} of the reference on production's inputs.
@@ -50,18 +72,8 @@ def replay(cfg: R.MTPConfig, weights: dict, prod: dict, first: StepInput, steps:
         if not cfg.attention_sparse:
             tr = forward_step(cfg, shards[layer], inp, cache, layer, num)
         else:
-            own = None
-            if not share:
-                own = forward_step(cfg, shards[layer], inp, cache, layer, num, run_indexer=True)
-            if prod_rows is not None:
-                forced = prod_rows.long().clone()
-                forced[forced < 0] = -1
-                tr = forward_step(cfg, shards[layer], inp, cache, layer, num, run_indexer=False,
-                                  topk_rows=forced)
-            else:
-                tr = own if own is not None else forward_step(
-                    cfg, shards[layer], inp, cache, layer, num, run_indexer=False,
-                    topk_rows=shared_rows[:t])
+            tr, own = step_with_topk(lambda **k: forward_step(cfg, shards[layer], inp, cache, layer, num, **k),
+                                     share=share, prod_rows=prod_rows, shared_rows=shared_rows, t=t)
             if own is not None:
                 for name, v in own.items():
                     if name.startswith("indexer."):

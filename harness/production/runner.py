@@ -62,15 +62,13 @@ class ProductionSession:
         (``device`` its GPU, ``init_method`` shared by all ranks; see ``multigpu.py``)."""
         self.hf_config = dict(hf_config)
         self.device = torch.device(device)
-        self.tp = int(tensor_parallel_size)
-        self.rank = int(rank)
-        extra = {"tensor_parallel_size": self.tp} if self.tp > 1 else None
+        extra = {"tensor_parallel_size": int(tensor_parallel_size)} if tensor_parallel_size > 1 else None
         self.vllm_config = build_vllm_config(
             self.hf_config, num_speculative_tokens=num_speculative_tokens,
             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, extra_engine_args=extra)
-        build.init_distributed(self.vllm_config, self.device, world_size=self.tp, rank=self.rank,
-                               init_method=init_method)
+        build.init_distributed(self.vllm_config, self.device, world_size=int(tensor_parallel_size),
+                               rank=int(rank), init_method=init_method)
         self.model = build.build_model(self.vllm_config, self.device)
         self.block_size = self.vllm_config.cache_config.block_size
         self.index_topk = self.hf_config.get("index_topk")
