@@ -80,13 +80,36 @@ class EngineCase:
     prompt_lens: tuple = (200, 37, 150)  # one longer than index_topk (128): the indexer's choice matters
     max_tokens: int = 32
     gpu_memory_utilization: float = 0.3
+    # "dummy": vLLM's dummy-weight target (drafts never accepted); "acceptance": the
+    # target edited in place to continue with a token permutation the draft predicts
+    # per request at a controlled rate (harness.production.acceptance)
+    target: str = "dummy"
+    patterns: tuple = ()  # acceptance: one pattern of acceptance.PATTERNS per prompt
+    # acceptance rate bounds per pattern the run must show (min, max), engine-measured
+    expect_rates: tuple = ()
+    # substrings of post-load audit problems that are known vLLM 0.33 issues (reported, accepted)
+    known_audit: tuple = ()
 
+
+_ACCEPT = (("enable_ihc", False),)  # the edited target needs a plain residual stream (acceptance doc)
 
 ENGINE_CASES: dict[str, EngineCase] = {c.id: c for c in (
     # index sharing: step 0 runs the indexer, steps 1..K-1 reuse its rows compacted to the sampled rows
     EngineCase("engine-tiny-k3-share", overrides=(("index_share_for_mtp_iteration", True),), seed=31),
     # no sharing: every draft step runs the indexer
     EngineCase("engine-tiny-k2", num_speculative_tokens=2, seed=32, prompt_lens=(160, 9, 140)),
+    # drafts accepted: near 100 % / 0 % / 1/3 / 2/3 per request in one batch (K = 3), index
+    # sharing (compaction + skip-top-k at every step), one context longer than index_topk
+    EngineCase("engine-accept-k3-share", overrides=_ACCEPT + (("index_share_for_mtp_iteration", True),), seed=33,
+               target="acceptance", patterns=("accept", "reject", "alternate", "agree2"),
+               prompt_lens=(200, 40, 150, 61),
+               expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.1), ("alternate", 0.2, 0.5),
+                             ("agree2", 0.5, 0.8))),
+    # two MTP layers, K = 2: vLLM 0.33 picks MultiModuleMTPSpeculator (layer k mod 2 at step k)
+    EngineCase("engine-accept-k2-two-layers", overrides=_ACCEPT + (("num_nextn_predict_layers", 2),), seed=34,
+               num_speculative_tokens=2, target="acceptance", patterns=("accept", "reject", "alternate"),
+               prompt_lens=(180, 50, 90),
+               expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.1), ("alternate", 0.25, 0.75))),
 )}
 
 
@@ -164,8 +187,13 @@ def sharing_facts(draft, target) -> dict:
     }
 
 
-def load_draft_weights(runner, draft, ckpt: dict) -> dict:
-    """Load ``ckpt`` into the live draft as vLLM's loader does; audit; check it landed."""
+def load_draft_weights(runner, draft, ckpt: dict, known_audit: tuple = ()) -> dict:
+    """Load ``ckpt`` into the live draft as vLLM's loader does; audit; check it landed.
+
+    Audit problems naming one of ``known_audit`` (known vLLM 0.33 issues, see the case)
+    are reported under ``known_issues``, not failed; an MTP layer head the loader left
+    unloaded that way gets the checkpoint's ``lm_head`` copied in, so the steps that
+    layer serves can still be judged (noted in ``known_issues``)."""
     ckpt = cast_for_vllm(ckpt)
     dev = torch.device(runner.device)
     try:
@@ -180,7 +208,15 @@ def load_draft_weights(runner, draft, ckpt: dict) -> dict:
     problems = exempt_derived(raw, {n for n, ok in derived.items() if ok is True})
     problems += [f"{n}: derived weight does not match vLLM's recomputation from kv_b_proj ({ok})"
                  for n, ok in derived.items() if ok is not True]
+    known = [p for p in problems if any(k in p for k in known_audit)]
+    problems = [p for p in problems if p not in known]
     inner = draft.model
+    params = dict(draft.named_parameters())
+    for k in known_audit:
+        if k.endswith("shared_head.head.weight") and k in params and any(k in p for p in known):
+            with torch.no_grad():
+                params[k].copy_(ckpt["lm_head.weight"].to(params[k].dtype))
+            known.append(f"{k}: copied lm_head.weight in (the loader only fills MTP layer 0's head)")
     layer = next(iter(inner.layers.values()))
     name = next(k for k in ckpt if k.endswith(".enorm.weight"))
     landed = {
@@ -188,7 +224,7 @@ def load_draft_weights(runner, draft, ckpt: dict) -> dict:
                                          ckpt["model.embed_tokens.weight"].to(inner.embed_tokens.weight.dtype))),
         "enorm": bool(torch.equal(layer.enorm.weight.cpu(), ckpt[name].to(layer.enorm.weight.dtype))),
     }
-    return {"loaded_params": len(loaded), "audit": problems, "audit_raw": raw,
+    return {"loaded_params": len(loaded), "audit": problems, "known_issues": known, "audit_raw": raw,
             "derived_weights": {n: ok for n, ok in derived.items()}, "landed": landed}
 
 
@@ -273,6 +309,8 @@ class DrafterTap:
         self.rec.enabled = False
         self._handles = [draft.register_forward_pre_hook(self._pre, with_kwargs=True),
                          draft.register_forward_hook(self._post)]
+        for i, layer in enumerate(draft.model.layers.values()):  # which MTP layer actually runs
+            self._handles.append(layer.register_forward_pre_hook(self._layer_hook(i)))
         self._orig_propose, self._orig_logits = proposer.propose, draft.compute_logits
         proposer.propose = self._propose
         draft.compute_logits = self._compute_logits
@@ -284,6 +322,12 @@ class DrafterTap:
         for obj, attr in ((self.proposer, "propose"), (self.draft, "compute_logits")):
             if attr in vars(obj):
                 delattr(obj, attr)
+
+    def _layer_hook(self, index: int):
+        def hook(_module, _args):
+            if self.armed and self.rec.enabled and self.calls:
+                self.calls[-1].layer_ran = index
+        return hook
 
     def _guard(self, what: str, fn) -> None:
         try:
@@ -343,7 +387,7 @@ class DrafterTap:
         call.notes = {"rows_fed": int(ids.shape[0]), "num_actual_tokens": int(getattr(md, "num_actual_tokens", -1)),
                       "metadata": _describe(mds, self.layer_prefixes)}
         lti = getattr(self.proposer, "last_token_indices", None)  # written by prepare_prefill_inputs
-        if self.in_propose and self.draft_step == 0 and torch.is_tensor(lti):
+        if self.in_propose and torch.is_tensor(lti):  # steps >= 1 too: the multi-module proposer's rows
             call.last_token_indices = lti[:num_reqs].long().cpu().clone()
         if self.in_propose:
             self.draft_step += 1
@@ -378,12 +422,75 @@ class DrafterTap:
         x = hidden_states.detach().cpu()
         rows, ambiguous = match_rows(x, self._last_out)
         call.sample_rows = rows
+        call.sample_hidden = x.clone()
         call.logits = logits.detach().float().cpu()
         call.tokens = call.logits.argmax(dim=-1)
         call.notes["ambiguous_sample_rows"] = ambiguous
         lti = getattr(self.proposer, "last_token_indices", None)  # V2 proposer's step-0 sample rows
         if call.draft_step == 0 and torch.is_tensor(lti):
             call.notes["proposer_last_token_indices"] = lti[: rows.numel()].tolist()
+
+
+class TargetTap:
+    """Hooks on the target model: one ``bookkeeping.TargetCall`` per armed forward (ids,
+    positions, the hidden states it returns, i.e. what the drafter is fed, and the greedy
+    token at every row: the LM head over those hidden states, the same function the runner
+    samples from)."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+        self.calls: list = []
+        self.errors: list[str] = []
+        self.armed = False
+        first = next(iter(target.model.layers))
+        self.layer_name = first.self_attn.mla_attn.layer_name
+        self._orig_logits = target.compute_logits
+        self._handles = [target.register_forward_pre_hook(self._pre, with_kwargs=True),
+                         target.register_forward_hook(self._post)]
+        self._pending = None
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _pre(self, _module, args, kwargs):
+        if self.armed:
+            try:
+                self._pending = (_arg(args, kwargs, "input_ids", 0), _arg(args, kwargs, "positions", 1))
+            except Exception:  # noqa: BLE001 - never break the engine
+                self._pending = None
+                self.errors.append(traceback.format_exc())
+
+    def _post(self, _module, _args, output):
+        if not self.armed or self._pending is None:
+            return
+        try:
+            self._record(output)
+        except Exception:  # noqa: BLE001 - never break the engine; report it
+            if len(self.errors) < 20:
+                self.errors.append(f"target tap: {traceback.format_exc()}")
+        self._pending = None
+
+    def _record(self, output) -> None:
+        from vllm.forward_context import get_forward_context
+
+        from .bookkeeping import TargetCall
+
+        ids, pos = self._pending
+        fc = get_forward_context()
+        mds = fc.attn_metadata[0] if isinstance(fc.attn_metadata, list) else fc.attn_metadata
+        md = mds.get(self.layer_name) if isinstance(mds, dict) else mds
+        num_reqs = int(md.num_reqs)
+        qsl = md.query_start_loc[: num_reqs + 1].long().cpu()
+        t = int(qsl[-1])
+        out = output[0] if isinstance(output, tuple) else output
+        with torch.no_grad():
+            greedy = self._orig_logits(out[:t]).argmax(dim=-1).cpu()
+        self.calls.append(TargetCall(
+            engine_step=len(self.calls), input_ids=ids[:t].long().cpu(), positions=pos[:t].long().cpu(),
+            hidden=out[:t].detach().cpu().clone(), query_start_loc=qsl,
+            request_keys=md.block_table[:num_reqs, 0].long().cpu(),
+            sample_rows=torch.arange(t), greedy=greedy))
 
 
 def match_rows(x: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, int]:
@@ -418,74 +525,119 @@ def _describe(mds, prefixes) -> dict:
 
 # ---- one case end to end --------------------------------------------------------------------------
 
-def prompts_for(case: EngineCase, vocab: int) -> list[list[int]]:
+def prompts_for(case: EngineCase, vocab: int, plan=None) -> list[list[int]]:
+    if case.target == "acceptance":
+        from .acceptance import prompts
+        return prompts(plan, case.patterns, case.prompt_lens, case.seed)
     g = torch.Generator().manual_seed(case.seed)
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in case.prompt_lens]
 
 
-def run_case(case: EngineCase, *, log=print, out: str | None = None) -> dict:
+def engine_inputs(case: EngineCase):
+    """(hf config, checkpoint tensors for the draft, reference weights, acceptance plan or None)."""
+    import reference as R
+    from harness.production.side_by_side import GpuCase, case_inputs
+
+    from harness.checkpoint.names import to_checkpoint
+
+    hf, ckpt, weights = case_inputs(GpuCase(case.id, preset=case.preset, overrides=case.overrides, seed=case.seed))
+    if case.target != "acceptance":
+        return hf, ckpt, weights, None
+    from .acceptance import acceptance_weights, plan_for
+
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    plan = plan_for(cfg.hidden_size, cfg.vocab_size, case.seed)
+    weights = acceptance_weights(cfg, weights, plan, case.seed)
+    return hf, to_checkpoint(cfg, weights), weights, plan  # bf16, mtp_layers naming, split experts
+
+
+def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str | None = None) -> dict:
     """Build, load, hook, generate, replay, judge; the report as a JSON-able dict."""
     import reference as R
     from harness.presets import check_kernel_constraints
-    from harness.production.side_by_side import GpuCase, case_inputs, versions
+    from harness.production.side_by_side import versions
 
     t0 = time.perf_counter()
-    hf, ckpt, weights = case_inputs(GpuCase(case.id, preset=case.preset, overrides=case.overrides, seed=case.seed))
+    hf, ckpt, weights, plan = engine_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     check_kernel_constraints(cfg)
     rep: dict = {"case": dataclasses.asdict(case), "versions": versions(), "timing_s": {}}
+    if mutant:
+        from .speculator_mutants import apply_mutant
+        rep["mutant"] = apply_mutant(mutant)
+        log("planted speculator bug:", json.dumps(rep["mutant"]))
     llm = build_llm(hf, case)
     rep["timing_s"]["build"] = time.perf_counter() - t0
     runner = model_runner(llm)
     prop, draft, target, kind = drafter_of(runner)
     rep["runner"] = {"kind": kind, "runner": type(runner).__name__, "proposer": type(prop).__name__,
-                     "draft_model": type(prop.model).__name__, "target_model": type(target).__name__}
+                     "draft_model": type(prop.model).__name__, "target_model": type(target).__name__,
+                     "max_model_len": int(runner.vllm_config.model_config.max_model_len)}
     rep["sharing"] = sharing_facts(draft, target)
     log("engine:", json.dumps(rep["runner"]), "sharing:", json.dumps(rep["sharing"]))
-    rep["load"] = load_draft_weights(runner, draft, ckpt)
+    rep["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)
     log("load:", json.dumps(rep["load"]))
+    if plan is not None:
+        from .acceptance import edit_target
+        rep["target_edits"] = edit_target(target, weights["embed_tokens"], weights["lm_head"])
+        log("target edited:", len(rep["target_edits"]["zeroed"]), "output projections zeroed")
     tap = DrafterTap(prop, draft)
+    ttap = TargetTap(target)
     rep["attach_notes"] = tap.attach_notes
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=case.max_tokens, ignore_eos=True, detokenize=False)
-    prompts = prompts_for(case, cfg.vocab_size)
+    prompts = prompts_for(case, cfg.vocab_size, plan)
     t1 = time.perf_counter()
-    tap.armed = True
+    tap.armed = ttap.armed = True
     try:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     finally:
-        tap.armed = False
+        tap.armed = ttap.armed = False
         tap.remove()
+        ttap.remove()
     rep["timing_s"]["generate"] = time.perf_counter() - t1
     rep["generated"] = [list(o.outputs[0].token_ids) for o in outs]
-    for e in tap.errors[:3]:
+    errors = tap.errors + ttap.errors
+    for e in errors[:3]:
         log("tap error:", e)
+    if plan is not None:  # the edited target must continue every prompt with f
+        from .acceptance import target_tokens
+        rep["target_follows_f"] = [g == target_tokens(plan, p[-1], len(g)) for p, g in zip(prompts, rep["generated"])]
     if out:  # before judging: a crash in the replay still leaves the recording for --rejudge
         try:
             stem = os.path.join(out, f"engine_calls_{case.id}")
             os.makedirs(out, exist_ok=True)
             meta = {"case": dataclasses.asdict(case), "versions": rep["versions"], "runner": rep["runner"],
-                    "sharing": rep["sharing"], "load": rep["load"], "tap_errors": tap.errors,
-                    "generated": rep["generated"], "prompts": prompts}
-            rep["recording"] = save_recording(stem, tap.calls, tap.proposals, meta)
+                    "sharing": rep["sharing"], "load": rep["load"], "tap_errors": errors,
+                    "generated": rep["generated"], "prompts": prompts, "mutant": rep.get("mutant"),
+                    "target_follows_f": rep.get("target_follows_f")}
+            rep["recording"] = save_recording(stem, tap.calls, tap.proposals, meta, targets=ttap.calls)
             log("recording:", stem + ".safetensors", json.dumps(rep["recording"]))
         except Exception:  # noqa: BLE001 - the verdict does not depend on it
             rep["recording"] = {"error": traceback.format_exc()}
             log("recording failed:", rep["recording"]["error"])
-    rep.update(judge_run(cfg, weights, tap.calls, tap.proposals, tap.errors, case, log=log))
+    rep.update(judge_run(cfg, weights, tap.calls, tap.proposals, errors, case, targets=ttap.calls,
+                         multi_module="MultiModule" in rep["runner"]["proposer"],
+                         max_model_len=rep["runner"]["max_model_len"], log=log))
     rep["timing_s"]["reference"] = rep.pop("reference_s")
     rep["timing_s"]["total"] = time.perf_counter() - t0
-    rep["passed"] = verdict_problems(rep) == []
+    rep["problems"] = verdict_problems(rep)
+    rep["passed"] = rep["problems"] == []
     return rep
 
 
 def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], tap_errors: list[str],
-              case: EngineCase, *, log=print) -> dict:
-    """Replay the recorded draft forwards with the float64 reference and judge them (CPU):
-    ``counts``, ``facts``, ``mismatch_examples``, ``replay_errors``, ``components``, ``tap_errors``."""
+              case: EngineCase, *, targets: list | None = None, multi_module: bool = False,
+              max_model_len: int = 1024, log=print) -> dict:
+    """Check the speculator's bookkeeping against the target (``bookkeeping``), replay the
+    recorded draft forwards with the float64 reference and judge them (CPU): ``counts``,
+    ``facts``, ``findings`` (localised lines), ``acceptance``, ``mismatch_examples``,
+    ``replay_errors``, ``components``, ``tap_errors``."""
     import reference as R
     from harness.production.tolerances import tolerances_for
+
+    from . import bookkeeping
 
     calls = [c for c in recorded if c.engine_step >= 0]
     facts = run_facts(recorded, proposals)
@@ -493,24 +645,41 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     for i, c in enumerate(calls[: 2 * case.num_speculative_tokens + 2]):
         span = f"{int(c.positions.min())}..{int(c.positions.max())}" if c.num_tokens else "-"
         lti = None if c.last_token_indices is None else c.last_token_indices.tolist()
-        log(f"  call {i}: engine_step {c.engine_step} draft_step {c.draft_step} T={c.num_tokens} "
+        log(f"  call {i}: engine_step {c.engine_step} draft_step {c.draft_step} layer {c.layer_ran} T={c.num_tokens} "
             f"qsl={c.query_start_loc.tolist()[:9]} keys={c.request_keys.tolist()} pos[{span}] "
-            f"positions={c.positions.tolist()[:16] if c.num_tokens <= 16 else '...'} "
             f"seq_lens={None if c.seq_lens is None else c.seq_lens.tolist()} last_token_indices={lti} "
             f"sample_rows={None if c.sample_rows is None else c.sample_rows.tolist()} "
-            f"tokens={None if c.tokens is None else c.tokens.tolist()} topk={'yes' if c.topk_rows is not None else 'no'} "
-            f"notes={json.dumps(c.notes, default=str)}")
+            f"tokens={None if c.tokens is None else c.tokens.tolist()} topk={'yes' if c.topk_rows is not None else 'no'}")
+    book = (bookkeeping.check(calls, targets, multi_module=multi_module, num_layers=cfg.num_mtp_layers,
+                              max_model_len=max_model_len) if targets else None)
+    findings = [f.line() for f in book["findings"]] if book else []
     t = time.perf_counter()
-    replays = replay(cfg, weights, calls, R.EXACT)
+    replays = replay(cfg, weights, calls, R.EXACT, multi_module=multi_module)
     t_ref = time.perf_counter() - t
     tols = tolerances_for("bf16")
     tokens = judge_tokens(calls, replays, tols["logits"])
     errors = [(i, r.error) for i, r in enumerate(replays) if r.error]
+    for i, e in errors:
+        c = calls[i]
+        what = ("read draft KV the reference never wrote (stale or rejected slots)" if "UnwrittenKVError" in e
+                else "the call could not be replayed")
+        findings.append(f"engine step {c.engine_step}, draft step {c.draft_step}: {what}: {e}")
+    for i, r in enumerate(replays):
+        if r.topk_beyond_ties:
+            c = calls[i]
+            findings.append(f"engine step {c.engine_step}, draft step {c.draft_step}: attn.topk rows are not the "
+                            f"reference's{' (shared step 0 rows, compacted to the sampled rows)' if c.draft_step and cfg.index_share_for_mtp_iteration else ''}: {r.topk_beyond_ties}")
+    for ex in tokens["mismatch_examples"]:
+        findings.append(f"engine step {ex['engine_step']}, draft step {ex['draft_step']}, sample row {ex['sample_row']} "
+                        f"(position {ex['position']}): draft_token {ex['production']} != reference {ex['reference']} "
+                        f"(decisive margin)")
     counts = {
-        "calls": len(calls), "engine_steps": facts["engine_steps"],
+        "calls": len(calls), "engine_steps": facts["engine_steps"], "target_forwards": len(targets or []),
         "drafted": tokens["drafted"], "compared": tokens["compared"], "ties": tokens["ties"],
         "ties_differing": tokens["ties_differing"], "mismatches": tokens["mismatches"],
         "not_replayed": tokens["not_replayed"], "replay_errors": len(errors),
+        "bookkeeping_findings": len(book["findings"]) if book else None,
+        "bookkeeping_checked": book["checked"] if book else None,
         "calls_without_logits": sum(c.tokens is None and expects_logits(c, proposals) for c in calls),
         "sampled_row_not_last_token_index": facts["sampled_row_not_last_token_index"],
         "seq_len_disagreements": facts["seq_len_disagreements"],
@@ -519,39 +688,67 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
         "ambiguous_sample_rows": sum(c.notes.get("ambiguous_sample_rows", 0) for c in calls),
         "calls_without_topk_rows": sum(c.topk_rows is None for c in calls) if cfg.attention_sparse else 0,
         "topk_rows_differing": sum(r.topk_rows_differing for r in replays),
+        "topk_calls_beyond_ties": sum(r.topk_beyond_ties is not None for r in replays),
         "max_context": facts["max_context"], "index_topk": cfg.index_topk,
         "max_draft_steps": facts["max_draft_steps"], "num_speculative_tokens": case.num_speculative_tokens,
         "proposal_token_disagreements": facts.get("proposal_token_disagreements"),
         "tap_errors": len(tap_errors),
     }
-    return {"counts": counts, "facts": facts, "mismatch_examples": tokens["mismatch_examples"],
+    return {"counts": counts, "facts": facts, "findings": findings,
+            "acceptance": book["acceptance"] if book else None,
+            "mismatch_examples": tokens["mismatch_examples"],
             "replay_errors": [f"call {i}: {e}" for i, e in errors[:10]],
             "components": component_errors(calls, replays, tols), "tap_errors": list(tap_errors),
             "reference_s": t_ref}
 
 
+def _pattern_rates(rep: dict) -> dict:
+    """{pattern: acceptance rate} of the acceptance case's requests (request i = prompt i)."""
+    acc = rep.get("acceptance") or {}
+    pats = (rep.get("case") or {}).get("patterns") or ()
+    out = {}
+    for i, name in enumerate(pats):
+        a = acc.get(f"request {i}")
+        if a and a.get("rate") is not None:
+            out[name] = a["rate"]
+    return out
+
+
 def verdict_problems(rep: dict) -> list[str]:
-    """Why ``rep`` fails the engine-level check (empty: it passes)."""
+    """Why ``rep`` fails the engine-level check (empty: it passes); localised findings first."""
     c = rep["counts"]
-    p = []
-    if c["mismatches"]:
+    p = list(rep.get("findings") or [])
+    if rep.get("load", {}).get("audit"):
+        p.insert(0, f"load: vLLM left parameters unloaded or wrong: {rep['load']['audit'][:3]}")
+    if c.get("mismatches") and not any("draft_token" in x for x in p):
         p.append(f"{c['mismatches']} draft token(s) differ from the reference with a decisive margin")
+    if c.get("replay_errors") and not any("replay" in x or "reference never wrote" in x for x in p):
+        p.append(f"replay_errors: {c['replay_errors']}")
     if c["compared"] < 1:
         p.append("no draft token was compared")
-    for key in ("replay_errors", "not_replayed", "calls_without_logits", "unmatched_sample_rows",
+    for key in ("not_replayed", "calls_without_logits", "unmatched_sample_rows",
                 "tap_errors", "proposal_token_disagreements",
                 # the replay's model of the proposer (engine_replay's module doc) does not hold
                 "sampled_row_not_last_token_index", "seq_len_disagreements", "step0_without_last_token_indices"):
         if c.get(key):
             p.append(f"{key}: {c[key]}")
-    if rep.get("load", {}).get("audit"):
-        p.append(f"post-load audit: {rep['load']['audit'][:3]}")
     if not all(rep.get("load", {}).get("landed", {}).values()):
         p.append(f"synthetic weights did not land in the live draft: {rep['load'].get('landed')}")
     if c["max_context"] <= c["index_topk"]:
         p.append(f"no call had a context longer than index_topk ({c['max_context']} <= {c['index_topk']})")
     if c["num_speculative_tokens"] >= 2 and c["max_draft_steps"] < 2:
         p.append(f"the drafter ran {c['max_draft_steps']} step(s) per engine step (K={c['num_speculative_tokens']})")
+    case = rep.get("case") if isinstance(rep.get("case"), dict) else {}
+    if case.get("target") == "acceptance":
+        if rep.get("target_follows_f") is not None and not all(rep["target_follows_f"]):
+            p.append(f"the edited target did not follow its permutation: {rep['target_follows_f']} "
+                     "(acceptance regime not reached)")
+        rates = _pattern_rates(rep)
+        for name, lo, hi in case.get("expect_rates") or ():
+            r = rates.get(name)
+            if r is None or not lo <= r <= hi:
+                p.append(f"acceptance regime not exercised: pattern {name!r} accepted {r} of its drafts, "
+                         f"expected [{lo}, {hi}]")
     return p
 
 
@@ -563,7 +760,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rejudge", metavar="DIR", default=None,
                     help="re-judge the recordings engine_calls_<case>.* saved in DIR (CPU, no vLLM); "
                          "reports to --out as engine_mtp_<case>.rejudge.json")
+    ap.add_argument("--mutant", default=os.environ.get("HYV4_SPECULATOR_MUTANT") or None,
+                    help="plant one of harness.production.speculator_mutants.MUTANTS in vLLM's speculator "
+                         "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT")
     args = ap.parse_args(argv)
+    if args.mutant:
+        from .speculator_mutants import MUTANTS
+        if args.mutant not in MUTANTS:
+            print(f"unknown speculator mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
+            return 2
     if args.rejudge:
         return rejudge_dir(args.rejudge, args.case, args.out)
     from harness.runtime import cannot_run_production_reason
@@ -576,11 +781,12 @@ def main(argv=None) -> int:
     ids = args.case or list(ENGINE_CASES)
     if len(ids) > 1:  # one engine per process: vLLM's distributed state and GPU memory are per process
         return worst_exit_code([subprocess.call([sys.executable, "-m", "harness.production.engine", "--case", cid]
-                                                + (["--out", out] if out else [])) for cid in ids])
+                                                + (["--out", out] if out else [])
+                                                + (["--mutant", args.mutant] if args.mutant else [])) for cid in ids])
     codes = []
     for cid in ids:
         try:
-            rep = run_case(ENGINE_CASES[cid], out=out)
+            rep = run_case(ENGINE_CASES[cid], out=out, mutant=args.mutant)
         except Exception:  # noqa: BLE001 - a crash in vLLM: cannot judge
             print(f"== {cid}: ERROR\n{traceback.format_exc()}", flush=True)
             rep, code = {"case": cid, "error": traceback.format_exc()}, 125
@@ -597,26 +803,32 @@ def case_from_dict(d: dict) -> EngineCase:
     """Inverse of ``dataclasses.asdict`` for an ``EngineCase`` (JSON lists back to tuples)."""
     d = dict(d)
     d["overrides"] = tuple(tuple(x) for x in d.get("overrides", ()))
-    d["prompt_lens"] = tuple(d.get("prompt_lens", ()))
+    for k in ("prompt_lens", "patterns", "known_audit"):
+        d[k] = tuple(d.get(k, ()))
+    d["expect_rates"] = tuple(tuple(x) for x in d.get("expect_rates", ()))
     return EngineCase(**d)
 
 
 def rejudge(stem: str, *, log=print) -> dict:
     """Replay and judge one saved recording (``<stem>.safetensors`` + ``.json``) on CPU."""
     import reference as R
-    from harness.production.side_by_side import GpuCase, case_inputs
-
     calls, proposals, doc = load_recording(stem)
+    targets = doc.get("targets")
     meta = doc["meta"]
     case = case_from_dict(meta["case"])
-    _hf, _ckpt, weights = case_inputs(GpuCase(case.id, preset=case.preset, overrides=case.overrides, seed=case.seed))
+    _hf, _ckpt, weights, _plan = engine_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(_hf)
     rep = {"case": meta["case"], "rejudged_from": stem, "versions": meta.get("versions"),
            "runner": meta.get("runner"), "sharing": meta.get("sharing"), "load": meta.get("load", {}),
            "recording": {k: v for k, v in doc.items() if k not in ("meta", "call_meta", "proposal_meta")}}
-    rep.update(judge_run(cfg, weights, calls, proposals, list(meta.get("tap_errors", [])), case, log=log))
+    runner = meta.get("runner") or {}
+    rep["target_follows_f"] = meta.get("target_follows_f")
+    rep.update(judge_run(cfg, weights, calls, proposals, list(meta.get("tap_errors", [])), case, targets=targets,
+                         multi_module="MultiModule" in str(runner.get("proposer", "")),
+                         max_model_len=int(runner.get("max_model_len", 1024)), log=log))
     rep["timing_s"] = {"reference": rep.pop("reference_s")}
-    rep["passed"] = verdict_problems(rep) == []
+    rep["problems"] = verdict_problems(rep)
+    rep["passed"] = rep["problems"] == []
     return rep
 
 
@@ -648,9 +860,15 @@ def rejudge_dir(src: str, case_ids, out: str | None) -> int:
 
 def _print_verdict(title: str, rep: dict) -> int:
     problems = verdict_problems(rep)
-    print(f"== {title}: {'PASS' if not problems else 'FAIL'} counts {json.dumps(rep['counts'])}", flush=True)
-    for line in problems:
+    print(f"== {title}: PASS" if not problems else f"== {title}: FAIL: {problems[0]}", flush=True)
+    for line in problems[1:12]:
         print("   problem:", line)
+    if len(problems) > 12:
+        print(f"   ... {len(problems) - 12} more problem(s) in the JSON report")
+    print("   counts:", json.dumps(rep["counts"]))
+    if rep.get("acceptance"):
+        print("   acceptance (accepted/drafted per request):",
+              {k: f"{v['accepted']}/{v['drafted']}" for k, v in rep["acceptance"].items()})
     print("   components (max |d|, calls out of tol):",
           {k: (round(v["max_abs"], 4), v.get("calls_out_of_tol")) for k, v in rep["components"].items()})
     print("   mismatch examples:", json.dumps(rep["mismatch_examples"][:3]))

@@ -80,6 +80,8 @@ class DraftCall:
     logits: torch.Tensor | None = None  # [S, V] production logits (float32)
     topk_rows: torch.Tensor | None = None  # [T, index_topk] rows the sparse attention read
     last_token_indices: torch.Tensor | None = None  # [R] step 0: the proposer's sampled row per request
+    sample_hidden: torch.Tensor | None = None  # [S, H] the hidden rows passed to compute_logits
+    layer_ran: int | None = None  # index of the MTP layer whose forward ran (hooks on every layer)
     trace: dict = dataclasses.field(default_factory=dict)  # production components (capture.py names)
     notes: dict = dataclasses.field(default_factory=dict)
 
@@ -94,6 +96,7 @@ class CallReplay:
     logits: torch.Tensor | None  # [S, V] reference logits there
     trace: dict  # the reference trace of the step (forced top-k when available)
     topk_rows_differing: int = 0  # rows whose reference top-k set differs from production's
+    topk_beyond_ties: str | None = None  # the first row that differs beyond score ties (a verdict)
     error: str | None = None
     rows: torch.Tensor | None = None  # rows of the call the reference ran (None: all; step 0: valid rows)
 
@@ -131,7 +134,7 @@ class RequestRegistry:
         return torch.tensor(ids, dtype=torch.long)[local]
 
 
-def step0_rows(call: DraftCall) -> tuple[torch.Tensor, dict[int, list[int]]]:
+def step0_rows(call: DraftCall, every_step: bool = False) -> tuple[torch.Tensor, dict[int, list[int]]]:
     """(valid rows [T'], {batch-local request: rejected target positions}) of ``call``.
 
     Step 0: rows up to each request's ``last_token_indices`` (the proposer's; when not
@@ -141,7 +144,7 @@ def step0_rows(call: DraftCall) -> tuple[torch.Tensor, dict[int, list[int]]]:
     """
     t = call.num_tokens
     everything = torch.arange(t), {}
-    if call.draft_step != 0:
+    if call.draft_step != 0 and not every_step:  # multi-module: every step runs step 0's rows
         return everything
     qsl = call.query_start_loc.long().tolist()
     nreq = len(qsl) - 1
@@ -178,9 +181,13 @@ def _sub_call(call: DraftCall, keep: torch.Tensor) -> DraftCall:
 
 
 def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numerics = R.EXACT, *,
-           force_production_topk: bool = True) -> list[CallReplay]:
+           force_production_topk: bool = True, multi_module: bool = False) -> list[CallReplay]:
     """The reference over ``calls`` in order (see the module doc); one ``CallReplay`` per call.
 
+    The MTP layer of draft step k is the one vLLM's speculator should run, not the
+    one production ran (``bookkeeping`` flags a difference): layer 0 for the
+    single-module ``MTPSpeculator``, k mod n for ``MultiModuleMTPSpeculator``, whose
+    every step runs the rows up to ``last_token_indices`` (``multi_module``).
     A call that cannot be replayed (bad metadata, unwritten KV) gets ``error``
     set and the replay goes on with the next call.
     """
@@ -192,7 +199,7 @@ def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numer
     for call in calls:
         try:
             res, compacted = _replay_call(cfg, shards, call, cache, registry, num, force_production_topk,
-                                          shared_rows)
+                                          shared_rows, multi_module)
         except (ValueError, R.UnwrittenKVError) as exc:
             res, compacted = CallReplay(None, None, {}, error=f"{exc.__class__.__name__}: {exc}"), None
         if call.draft_step == 0:
@@ -201,13 +208,13 @@ def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numer
     return out
 
 
-def _replay_call(cfg, shards, full: DraftCall, cache, registry, num, force, shared_rows):
-    """(CallReplay, step 0's top-k rows compacted to the sampled rows, or None)."""
-    keep, rejected = step0_rows(full)
+def _replay_call(cfg, shards, full: DraftCall, cache, registry, num, force, shared_rows, multi_module=False):
+    """(CallReplay, step 0's (top-k rows, scores) compacted to the sampled rows, or None)."""
+    keep, rejected = step0_rows(full, every_step=multi_module)
     call = full if keep.numel() == full.num_tokens else _sub_call(full, keep)
     t = call.num_tokens
     request = registry.assign(call)
-    layer = call.spec_step_idx % cfg.num_mtp_layers
+    layer = call.draft_step % cfg.num_mtp_layers if multi_module else 0
     rows = None
     if full.sample_rows is not None:
         new_index = torch.full((full.num_tokens,), -1, dtype=torch.long)
@@ -241,15 +248,40 @@ def _replay_rows(cfg, shards, call, cache, request, layer, num, force, shared_ro
     prod = call.topk_rows
     if prod is not None and tuple(prod.shape) != (t, cfg.index_topk):
         prod = None
-    tr, own = step_with_topk(step, share=share, prod_rows=prod if force else None, shared_rows=shared_rows, t=t)
-    ref_rows = own["indexer.topk"] if own is not None else (None if shared_rows is None else shared_rows[:t])
+    shared, shared_scores = shared_rows if shared_rows is not None else (None, None)
+    tr, own = step_with_topk(step, share=share, prod_rows=prod if force else None, shared_rows=shared, t=t)
+    if own is not None:
+        ref_rows, ref_scores = own["indexer.topk"], own["indexer.scores"]
+    else:
+        ref_rows = None if shared is None else shared[:t]
+        ref_scores = None if shared_scores is None else shared_scores[:t]
     res = _result(tr, rows)
     if prod is not None and ref_rows is not None:
         res.topk_rows_differing = len(index_rows_differing(prod, ref_rows))
+        if res.topk_rows_differing:
+            res.topk_beyond_ties = topk_beyond_ties(prod, ref_rows, ref_scores)
     compacted = None
     if own is not None and cfg.index_share_for_mtp_iteration and call.draft_step == 0 and rows is not None:
-        compacted = compact_topk(own["indexer.topk"], rows)
+        compacted = (compact_topk(own["indexer.topk"], rows), compact_topk(own["indexer.scores"], rows))
     return res, compacted
+
+
+def topk_beyond_ties(prod: torch.Tensor, ref_rows: torch.Tensor, ref_scores: torch.Tensor | None) -> str | None:
+    """The first row where production's top-k set differs from the reference's beyond score
+    ties (members within the indexer-score tie bound of the k-th score), else None."""
+    from harness.compare import compare_index_sets
+    from harness.production.tolerances import tolerances_for
+
+    scores = None
+    if ref_scores is not None:
+        s = ref_scores.double()
+        fin = torch.where(torch.isfinite(s), s.abs(), torch.zeros_like(s))
+        scores = s / fin.amax(dim=-1, keepdim=True).clamp_min(1e-30)  # tie bound relative to the row
+    tie = tolerances_for("bf16")["indexer.scores"].atol
+    prod = prod.long().clone()
+    prod[prod < 0] = -1
+    res = compare_index_sets("attn.topk", prod, ref_rows.long(), scores, tie)
+    return None if res.passed else res.note
 
 
 def _result(tr: dict, rows) -> CallReplay:
@@ -426,7 +458,8 @@ def _proposal_disagreements(calls: list[DraftCall], proposals: list[dict]) -> in
 
 RECORDING_FORMAT = 1
 _CALL_TENSORS = ("input_ids", "positions", "hidden", "query_start_loc", "request_keys", "seq_lens",
-                 "sample_rows", "tokens", "logits", "topk_rows", "last_token_indices")
+                 "sample_rows", "tokens", "logits", "topk_rows", "last_token_indices", "sample_hidden")
+_TARGET_TENSORS = ("input_ids", "positions", "hidden", "query_start_loc", "request_keys", "sample_rows", "greedy")
 
 
 def _jsonable(x):
@@ -451,7 +484,8 @@ def _narrow(t: torch.Tensor) -> torch.Tensor:
 
 
 def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict], meta: dict, *,
-                   max_bytes: int = 9 * 2**20, trace_components=DIAGNOSTIC_COMPONENTS) -> dict:
+                   max_bytes: int = 9 * 2**20, trace_components=DIAGNOSTIC_COMPONENTS,
+                   targets: list | None = None) -> dict:
     """Write ``<path_stem>.safetensors`` (every tensor the replay needs, plus production's
     diagnostic components while they fit in ``max_bytes``) and ``<path_stem>.json``
     (per-call metadata, proposals' step counts, ``meta``). Returns a summary."""
@@ -471,7 +505,14 @@ def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict]
             if t is not None:
                 put(f"call{i:05d}.{f}", t)
         call_meta.append({"engine_step": c.engine_step, "draft_step": c.draft_step,
-                          "spec_step_idx": c.spec_step_idx, "notes": _jsonable(c.notes)})
+                          "spec_step_idx": c.spec_step_idx, "layer_ran": c.layer_ran, "notes": _jsonable(c.notes)})
+    target_meta = []
+    for i, tc in enumerate(targets or []):
+        for f in _TARGET_TENSORS:
+            t = getattr(tc, f)
+            if t is not None:
+                put(f"target{i:05d}.{f}", t)
+        target_meta.append({"engine_step": tc.engine_step})
     prop_meta = []
     for j, p in enumerate(proposals):
         if torch.is_tensor(p.get("draft_tokens")):
@@ -496,7 +537,7 @@ def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict]
     summary = {"format": RECORDING_FORMAT, "calls": len(calls), "proposals": len(proposals),
                "tensor_bytes": size, "trace_components": kept, "trace_components_dropped": dropped}
     atomic_write_json(path_stem + ".json", {**summary, "meta": _jsonable(meta), "call_meta": call_meta,
-                                            "proposal_meta": prop_meta})
+                                            "proposal_meta": prop_meta, "target_meta": target_meta})
     return summary
 
 
@@ -517,8 +558,13 @@ def load_recording(path_stem: str) -> tuple[list[DraftCall], list[dict], dict]:
         get = {f: tensors.get(pre + f) for f in _CALL_TENSORS}
         trace = {k[len(pre + "trace."):]: v for k, v in tensors.items() if k.startswith(pre + "trace.")}
         call = DraftCall(m["engine_step"], m["draft_step"], spec_step_idx=m["spec_step_idx"], trace=trace,
-                         notes=m.get("notes", {}), **get)
+                         notes=m.get("notes", {}), layer_ran=m.get("layer_ran"), **get)
         calls.append(call)
+    if doc.get("target_meta"):
+        from harness.production.bookkeeping import TargetCall
+
+        doc["targets"] = [TargetCall(m["engine_step"], **{f: tensors.get(f"target{j:05d}.{f}") for f in _TARGET_TENSORS})
+                          for j, m in enumerate(doc["target_meta"])]
     props = []
     for j, m in enumerate(doc["proposal_meta"]):
         props.append({**m, "draft_tokens": tensors.get(f"prop{j:05d}.draft_tokens")})

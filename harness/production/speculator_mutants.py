@@ -1,0 +1,103 @@
+"""Planted bugs in vLLM's MTP speculator (Python-level patches, as an upstream commit would make).
+
+Each mutant patches a class or module attribute of vLLM 0.33.0's V2 speculators
+(``vllm/v1/worker/gpu/spec_decode/``) in this process, before the engine is built,
+and names the engine case that must catch it and the quantity the first failing
+line must name. Nothing on disk changes. Used by ``python -m harness.production.engine
+--mutant NAME`` (or ``HYV4_SPECULATOR_MUTANT=NAME``, which ``bisect-check`` passes on
+to its engine runs) and by ``python -m harness mutants --speculator``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculatorMutant:
+    name: str
+    case: str  # the engine case that exercises the patched code
+    expect: str  # what the first failing line must name
+    what: str
+
+
+MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
+    SpeculatorMutant("compaction-dropped", "engine-accept-k3-share", "attn.topk",
+                     "MTPSpeculator.on_prefill_end no longer compacts the top-k rows to the sampled rows"),
+    SpeculatorMutant("skip-topk-never", "engine-accept-k3-share", "attn.topk",
+                     "MTPSpeculator.on_multi_step_decode_begin no longer sets skip_topk: steps >= 1 rerun the "
+                     "indexer instead of reusing step 0's rows"),
+    SpeculatorMutant("last-token-index-off-by-one", "engine-accept-k3-share", "last_token_indices",
+                     "prepare_prefill_inputs leaves last_token_indices one row early (where a request has "
+                     "two or more valid rows)"),
+    SpeculatorMutant("accepted-hidden-wrong-row", "engine-accept-k3-share", "hidden",
+                     "propose() feeds the target's hidden states shifted by one row"),
+    SpeculatorMutant("spec-step-idx-ignored", "engine-accept-k2-two-layers", "MTP layer",
+                     "MultiModuleMTPSpeculator._run_model runs MTP module 0 at every step"),
+)}
+
+_TDAR = "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator"
+_MTP = "vllm.v1.worker.gpu.spec_decode.mtp.speculator"
+_MULTI = "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator"
+
+
+def apply_mutant(name: str) -> dict:
+    """Patch vLLM for mutant ``name``; returns its description (for the report)."""
+    m = MUTANTS[name]
+    getattr(_Patches, name.replace("-", "_"))()
+    return dataclasses.asdict(m)
+
+
+class _Patches:
+    @staticmethod
+    def compaction_dropped():
+        cls = importlib.import_module(_MTP).MTPSpeculator
+        cls.on_prefill_end = lambda self, num_reqs: None
+
+    @staticmethod
+    def skip_topk_never():
+        cls = importlib.import_module(_MTP).MTPSpeculator
+        cls.on_multi_step_decode_begin = lambda self, num_reqs: None
+
+    @staticmethod
+    def last_token_index_off_by_one():
+        mod = importlib.import_module(_TDAR)
+        orig = mod.prepare_prefill_inputs
+
+        def prepare_prefill_inputs(last_token_indices, current_draft_step, input_buffers, input_batch, *a, **k):
+            out = orig(last_token_indices, current_draft_step, input_buffers, input_batch, *a, **k)
+            n = input_batch.num_reqs
+            starts = input_batch.query_start_loc[:n].to(last_token_indices.dtype)
+            last_token_indices[:n] = last_token_indices[:n] - (last_token_indices[:n] > starts).to(
+                last_token_indices.dtype)
+            return out
+
+        mod.prepare_prefill_inputs = prepare_prefill_inputs
+
+    @staticmethod
+    def accepted_hidden_wrong_row():
+        import torch
+
+        cls = importlib.import_module(_TDAR).TargetDependentARSpeculator
+        orig = cls.propose
+
+        def propose(self, *args, **kwargs):
+            if "last_hidden_states" in kwargs:
+                kwargs["last_hidden_states"] = torch.roll(kwargs["last_hidden_states"], 1, dims=0)
+            elif len(args) > 3:
+                args = (*args[:3], torch.roll(args[3], 1, dims=0), *args[4:])
+            return orig(self, *args, **kwargs)
+
+        cls.propose = propose
+
+    @staticmethod
+    def spec_step_idx_ignored():
+        cls = importlib.import_module(_MULTI).MultiModuleMTPSpeculator
+        orig = cls._run_model
+
+        def _run_model(self, num_tokens, attn_metadata, slot_mappings, num_tokens_across_dp, spec_module_idx,
+                       *a, **k):
+            return orig(self, num_tokens, attn_metadata, slot_mappings, num_tokens_across_dp, 0, *a, **k)
+
+        cls._run_model = _run_model
