@@ -16,6 +16,9 @@ from harness.cli import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
 from harness.report import write_report
 
 DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers")
+# vLLM's own speculator (engine.py): drafts accepted at planned rates, index sharing,
+# and the two-MTP-layer MultiModuleMTPSpeculator
+DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")
 
 
 def _case_for(args):
@@ -41,6 +44,8 @@ def _case_for(args):
             raise CLIError(f"{ckpt}/config.json: {exc}") from exc
     elif ckpt in GPU_CASES:
         case = GPU_CASES[ckpt]
+    elif ckpt in _engine_cases():
+        return ckpt  # vLLM's own speculator, engine level (engine.py)
     elif ckpt.startswith("preset:"):
         case = GpuCase(f"{ckpt[7:]}-seed{args.seed}", preset=ckpt[7:], seed=args.seed, steps=args.steps,
                        requests=2, tokens=160)
@@ -49,8 +54,8 @@ def _case_for(args):
         except KeyError as exc:
             raise CLIError(str(exc.args[0])) from exc
     else:
-        raise CLIError(f"{ckpt}: compare takes a checkpoint directory, preset:NAME or a GPU case id "
-                       f"({', '.join(GPU_CASES)})")
+        raise CLIError(f"{ckpt}: compare takes a checkpoint directory, preset:NAME or a case id "
+                       f"({', '.join([*GPU_CASES, *_engine_cases()])})")
     tp = getattr(args, "tp", 1)
     try:
         cfg = MTPConfig.from_hf_dict(case.hf_config())
@@ -62,6 +67,11 @@ def _case_for(args):
     return case
 
 
+def _engine_cases():
+    from .engine import ENGINE_CASES
+    return ENGINE_CASES
+
+
 def validate_args(command: str, args) -> None:
     """CLIError (exit 2) for arguments no machine could run, before asking for a GPU."""
     if command == "compare_command":
@@ -71,11 +81,12 @@ def validate_args(command: str, args) -> None:
             raise CLIError("--steps must be >= 1")
         _case_for(args)
     elif command == "bisect_command":
+        from .engine import ENGINE_CASES
         from .side_by_side import GPU_CASES
 
-        unknown = [c for c in (args.case or []) if c not in GPU_CASES]
+        unknown = [c for c in (args.case or []) if c not in GPU_CASES and c not in ENGINE_CASES]
         if unknown:
-            raise CLIError(f"unknown case(s) {unknown}; known: {', '.join(GPU_CASES)}")
+            raise CLIError(f"unknown case(s) {unknown}; known: {', '.join([*GPU_CASES, *ENGINE_CASES])}")
 
 
 def _run(case):
@@ -112,6 +123,14 @@ def _run_tp(case, tp: int):
 def compare_command(args) -> int:
     case = _case_for(args)
     tp = getattr(args, "tp", 1)
+    if isinstance(case, str):  # an engine case: vLLM's speculator end to end
+        if tp > 1:
+            raise CLIError("--tp applies to side-by-side cases; engine cases run at TP = 1")
+        engine, verdict = run_engine_cases([case])
+        if args.report:
+            from .side_by_side import versions
+            write_report(args.report, {}, {"versions": versions(), "engine": engine})
+        return verdict
     if tp > 1:
         res, reason = _run_tp(case, tp)
         if reason:
@@ -144,13 +163,19 @@ def bisect_command(args) -> int:
     from .goldens_gpu import check_production_golden
     from .side_by_side import GPU_CASES, versions
 
-    ids = args.case or list(DEFAULT_BISECT_CASES)
-    reports, verdict = {}, EXIT_OK
+    from .engine import ENGINE_CASES
+
+    ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
+    engine_ids = [c for c in ids if c in ENGINE_CASES]
+    ids = [c for c in ids if c not in ENGINE_CASES]
+    # the speculator path first: one engine per subprocess, before this process holds the GPU
+    engine, verdict = run_engine_cases(engine_ids)
+    reports = {}
     for cid in ids:
         result, reason = _run(GPU_CASES[cid])
         if reason:
             print(f"cannot judge: {reason}")
-            return EXIT_CANNOT_JUDGE
+            return worst(verdict, EXIT_CANNOT_JUDGE)
         reports[f"side-by-side/{cid}"] = result["_report"]
         first = result["first_divergent"]
         print(f"{'ok  ' if result['passed'] else 'FAIL'} side-by-side {cid}" + ("" if result["passed"] else f": first divergent {first}"))
@@ -164,5 +189,49 @@ def bisect_command(args) -> int:
         print(f"{'ok  ' if golden.passed else 'FAIL'} golden {cid}" + ("" if golden.passed else f": first divergent {gfirst.name}"))
         verdict = verdict if golden.passed else EXIT_MISMATCH
     if args.report:
-        write_report(args.report, reports, {"versions": versions()})
+        write_report(args.report, reports, {"versions": versions(), "engine": engine})
     return verdict
+
+
+def run_engine_cases(case_ids) -> tuple[dict, int]:
+    """Run engine cases (``python -m harness.production.engine``, one subprocess each, so
+    every engine gets a fresh process) -> ({case: summary}, worst exit code). A planted
+    speculator bug named by ``HYV4_SPECULATOR_MUTANT`` reaches the subprocesses."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    out, verdict = {}, EXIT_OK
+    for cid in case_ids:
+        with tempfile.TemporaryDirectory(prefix="hyv4-engine-") as tmp:
+            proc = subprocess.run([sys.executable, "-m", "harness.production.engine", "--case", cid, "--out", tmp],
+                                  capture_output=True, text=True)
+            path = os.path.join(tmp, f"engine_mtp_{cid}.json")
+            rep = {}
+            if os.path.isfile(path):
+                with open(path) as f:
+                    rep = json.load(f)
+        code = proc.returncode if proc.returncode in (EXIT_OK, EXIT_MISMATCH) else EXIT_CANNOT_JUDGE
+        problems = rep.get("problems") or []
+        out[cid] = {"exit": proc.returncode, "problems": problems[:20], "acceptance": rep.get("acceptance"),
+                    "counts": rep.get("counts"), "timing_s": rep.get("timing_s"), "mutant": rep.get("mutant")}
+        if code == EXIT_OK:
+            print(f"ok   engine {cid}" + (f" (acceptance {_rates(rep)})" if rep.get("acceptance") else ""))
+        elif code == EXIT_MISMATCH:
+            print(f"FAIL engine {cid}: {problems[0] if problems else 'see ' + path}")
+        else:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
+            print(f"cannot judge: engine {cid} exited {proc.returncode}: {tail[0][:300]}")
+        verdict = worst(verdict, code)
+    return out, verdict
+
+
+def worst(a: int, b: int) -> int:
+    """Combined verdict: a mismatch anywhere is a bad commit, else any "cannot judge" wins."""
+    return EXIT_MISMATCH if EXIT_MISMATCH in (a, b) else (EXIT_CANNOT_JUDGE if EXIT_CANNOT_JUDGE in (a, b) else EXIT_OK)
+
+
+def _rates(rep: dict) -> str:
+    return ", ".join(f"{k}: {v['accepted']}/{v['drafted']}" for k, v in (rep.get("acceptance") or {}).items())

@@ -101,3 +101,86 @@ class _Patches:
             return orig(self, num_tokens, attn_metadata, slot_mappings, num_tokens_across_dp, 0, *a, **k)
 
         cls._run_model = _run_model
+
+
+# ---- the catalogue, end to end (GPU host) -------------------------------------------------------
+
+def run_catalogue(names=None, *, out: str | None = None, log=print) -> dict:
+    """Each mutant through ``bisect-check --case <its engine case>`` in a subprocess with
+    ``HYV4_SPECULATOR_MUTANT`` set, plus each case pristine (the control). A mutant is
+    caught when bisect-check exits 1 and the engine's first problem names ``expect``."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    names = list(names or MUTANTS)
+    cases = sorted({MUTANTS[n].case for n in names})
+    rows = {}
+
+    def bisect(case: str, mutant: str | None) -> dict:
+        env = dict(os.environ)
+        env.pop("HYV4_SPECULATOR_MUTANT", None)
+        if mutant:
+            env["HYV4_SPECULATOR_MUTANT"] = mutant
+        with tempfile.TemporaryDirectory(prefix="hyv4-specmut-") as tmp:
+            rpath = os.path.join(tmp, "bisect.json")
+            t = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "harness", "bisect-check", "--case", case, "--report", rpath],
+                                  capture_output=True, text=True, env=env)
+            wall = time.perf_counter() - t
+            doc = {}
+            if os.path.isfile(rpath):
+                with open(rpath) as f:
+                    doc = json.load(f)
+        eng = ((doc.get("meta") or {}).get("engine") or {}).get(case) or {}
+        first = (eng.get("problems") or [""])[0]
+        return {"exit": proc.returncode, "first_problem": first, "wall_s": round(wall, 1),
+                "stdout_tail": proc.stdout.strip().splitlines()[-3:]}
+
+    for case in cases:
+        rows[f"control:{case}"] = r = bisect(case, None)
+        r["ok"] = r["exit"] == 0
+        log(f"{'ok  ' if r['ok'] else 'BAD '} control {case}: exit {r['exit']} ({r['wall_s']} s) {r['first_problem'][:200]}")
+    for n in names:
+        m = MUTANTS[n]
+        rows[n] = r = bisect(m.case, n)
+        r["caught"] = r["exit"] == 1
+        r["named_first"] = m.expect in r["first_problem"]
+        r["ok"] = r["caught"] and r["named_first"]
+        log(f"{'ok  ' if r['ok'] else 'MISS'} {n} ({m.case}): exit {r['exit']} ({r['wall_s']} s) first: {r['first_problem'][:240]}")
+    summary = {"mutants": len(names), "caught": sum(rows[n]["caught"] for n in names),
+               "named_first": sum(rows[n]["named_first"] for n in names),
+               "controls_ok": all(rows[f"control:{c}"]["ok"] for c in cases)}
+    doc = {"summary": summary, "rows": rows}
+    if out:
+        from harness.atomic import atomic_write_json
+        os.makedirs(out, exist_ok=True)
+        atomic_write_json(os.path.join(out, "speculator_mutants.json"), doc)
+    return doc
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="planted speculator bugs through bisect-check (GPU host)")
+    ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    from harness.runtime import cannot_run_production_reason
+
+    reason = cannot_run_production_reason()
+    if reason:
+        print(f"cannot judge: {reason}")
+        return 125
+    doc = run_catalogue(args.mutant, out=args.out)
+    s = doc["summary"]
+    print(f"speculator mutants: {s['caught']}/{s['mutants']} caught (bisect-check exit 1), "
+          f"{s['named_first']}/{s['mutants']} named first; controls {'ok' if s['controls_ok'] else 'FAILED'}")
+    return 0 if s["caught"] == s["mutants"] and s["named_first"] == s["mutants"] and s["controls_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

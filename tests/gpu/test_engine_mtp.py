@@ -58,3 +58,8 @@ def test_engine_draft_tokens_match_reference(case_id, tmp_path):
     assert again["counts"] == c, (again["counts"], c)
     assert verdict_problems(rep) == [], verdict_problems(rep)
     assert proc.returncode == 0, proc.returncode
+    if rep["case"]["target"] == "acceptance":  # drafts accepted: the accepted path ran on the GPU
+        acc = rep["acceptance"]
+        print("acceptance:", json.dumps({k: (v["accepted"], v["drafted"]) for k, v in acc.items()}))
+        assert sum(v["accepted"] for v in acc.values()) > 0, acc
+        assert c["bookkeeping_findings"] == 0 and c["bookkeeping_checked"]["requests_steps"] > 0, c
