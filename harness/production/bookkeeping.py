@@ -83,8 +83,12 @@ def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def check(calls, targets: list[TargetCall], *, multi_module: bool, num_layers: int,
-          max_model_len: int) -> dict:
-    """``{"findings": [Finding...] in engine order, "acceptance": {...}, "checked": {...}}``."""
+          max_model_len: int, prompts: list | None = None) -> dict:
+    """``{"findings": [Finding...] in engine order, "acceptance": {...}, "checked": {...}}``.
+
+    Requests are labelled ``request i`` when their prefill rows are prompt i of
+    ``prompts`` (vLLM may batch them in another order, e.g. shortest first), else in
+    order of appearance after the prompts."""
     findings: list[Finding] = []
     checked = {"requests_steps": 0, "draft_calls": 0, "unchecked": 0}
     acc: dict[str, dict] = {}
@@ -96,12 +100,16 @@ def check(calls, targets: list[TargetCall], *, multi_module: bool, num_layers: i
         findings.append(Finding(-1, -1, "run", "pairing",
                                 f"{len(targets)} target forwards for {len(by_step)} propose() calls"))
     labels: dict[int, int] = {}
-    next_label = [0]
+    by_prompt = {tuple(p): i for i, p in enumerate(prompts or [])}
+    next_label = [len(by_prompt)]
 
-    def label(key: int, starts: bool) -> str:
+    def label(key: int, starts: bool, rows: torch.Tensor) -> str:
         if key not in labels or starts:
-            labels[key] = next_label[0]
-            next_label[0] += 1
+            i = by_prompt.get(tuple(rows.tolist())) if starts else None
+            if i is None:
+                i = next_label[0]
+                next_label[0] += 1
+            labels[key] = i
         return f"request {labels[key]}"
 
     for s, tc in enumerate(targets):
@@ -131,7 +139,7 @@ def check(calls, targets: list[TargetCall], *, multi_module: bool, num_layers: i
         lasts, names = [], []
         for r in range(len(keys)):
             a, b = qsl[r], qsl[r + 1]
-            name = label(keys[r], int(tc.positions[a]) == 0)
+            name = label(keys[r], int(tc.positions[a]) == 0, tc.input_ids[a:b])
             names.append(name)
             if b == a:
                 lasts.append(None)

@@ -109,7 +109,9 @@ ENGINE_CASES: dict[str, EngineCase] = {c.id: c for c in (
     EngineCase("engine-accept-k2-two-layers", overrides=_ACCEPT + (("num_nextn_predict_layers", 2),), seed=34,
                num_speculative_tokens=2, target="acceptance", patterns=("accept", "reject", "alternate"),
                prompt_lens=(180, 50, 90),
-               expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.1), ("alternate", 0.25, 0.75))),
+               # (reject: 4 of 54 drafts accepted on the H200, reference agreeing: the draft's
+               # attention/MoE occasionally lands a disagree token on the right code)
+               expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75))),
 )}
 
 
@@ -619,7 +621,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
             log("recording failed:", rep["recording"]["error"])
     rep.update(judge_run(cfg, weights, tap.calls, tap.proposals, errors, case, targets=ttap.calls,
                          multi_module="MultiModule" in rep["runner"]["proposer"],
-                         max_model_len=rep["runner"]["max_model_len"], log=log))
+                         max_model_len=rep["runner"]["max_model_len"], prompts=prompts, log=log))
     rep["timing_s"]["reference"] = rep.pop("reference_s")
     rep["timing_s"]["total"] = time.perf_counter() - t0
     rep["problems"] = verdict_problems(rep)
@@ -629,7 +631,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
 
 def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], tap_errors: list[str],
               case: EngineCase, *, targets: list | None = None, multi_module: bool = False,
-              max_model_len: int = 1024, log=print) -> dict:
+              max_model_len: int = 1024, prompts: list | None = None, log=print) -> dict:
     """Check the speculator's bookkeeping against the target (``bookkeeping``), replay the
     recorded draft forwards with the float64 reference and judge them (CPU): ``counts``,
     ``facts``, ``findings`` (localised lines), ``acceptance``, ``mismatch_examples``,
@@ -640,7 +642,7 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     from . import bookkeeping
 
     calls = [c for c in recorded if c.engine_step >= 0]
-    facts = run_facts(recorded, proposals)
+    facts = run_facts(recorded, proposals, multi_module=multi_module)
     log(f"recorded {len(recorded)} draft forwards in {facts['engine_steps']} engine steps; facts:", json.dumps(facts))
     for i, c in enumerate(calls[: 2 * case.num_speculative_tokens + 2]):
         span = f"{int(c.positions.min())}..{int(c.positions.max())}" if c.num_tokens else "-"
@@ -651,8 +653,9 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
             f"sample_rows={None if c.sample_rows is None else c.sample_rows.tolist()} "
             f"tokens={None if c.tokens is None else c.tokens.tolist()} topk={'yes' if c.topk_rows is not None else 'no'}")
     book = (bookkeeping.check(calls, targets, multi_module=multi_module, num_layers=cfg.num_mtp_layers,
-                              max_model_len=max_model_len) if targets else None)
-    findings = [f.line() for f in book["findings"]] if book else []
+                              max_model_len=max_model_len, prompts=prompts) if targets else None)
+    # (engine step, draft step, dataflow rank, line): inputs, then top-k, then KV reads, then tokens
+    items = [(f.engine_step, f.draft_step, 0, f.line()) for f in book["findings"]] if book else []
     t = time.perf_counter()
     replays = replay(cfg, weights, calls, R.EXACT, multi_module=multi_module)
     t_ref = time.perf_counter() - t
@@ -661,18 +664,24 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     errors = [(i, r.error) for i, r in enumerate(replays) if r.error]
     for i, e in errors:
         c = calls[i]
-        what = ("read draft KV the reference never wrote (stale or rejected slots)" if "UnwrittenKVError" in e
-                else "the call could not be replayed")
-        findings.append(f"engine step {c.engine_step}, draft step {c.draft_step}: {what}: {e}")
+        what = ("production's top-k rows / KV reads reach draft KV that no draft step wrote for this request "
+                "(stale or rejected slots)" if "UnwrittenKVError" in e else "the call could not be replayed")
+        items.append((c.engine_step, c.draft_step, 2, f"engine step {c.engine_step}, draft step {c.draft_step}: "
+                                                     f"{what}: {e}"))
     for i, r in enumerate(replays):
         if r.topk_beyond_ties:
             c = calls[i]
-            findings.append(f"engine step {c.engine_step}, draft step {c.draft_step}: attn.topk rows are not the "
-                            f"reference's{' (shared step 0 rows, compacted to the sampled rows)' if c.draft_step and cfg.index_share_for_mtp_iteration else ''}: {r.topk_beyond_ties}")
+            shared = " (shared step 0 rows, compacted to the sampled rows)" if (
+                c.draft_step and cfg.index_share_for_mtp_iteration) else ""
+            items.append((c.engine_step, c.draft_step, 1, f"engine step {c.engine_step}, draft step {c.draft_step}: "
+                                                         f"attn.topk rows are not the reference's{shared}: "
+                                                         f"{r.topk_beyond_ties}"))
     for ex in tokens["mismatch_examples"]:
-        findings.append(f"engine step {ex['engine_step']}, draft step {ex['draft_step']}, sample row {ex['sample_row']} "
-                        f"(position {ex['position']}): draft_token {ex['production']} != reference {ex['reference']} "
-                        f"(decisive margin)")
+        items.append((ex["engine_step"], ex["draft_step"], 3,
+                      f"engine step {ex['engine_step']}, draft step {ex['draft_step']}, sample row {ex['sample_row']} "
+                      f"(position {ex['position']}): draft_token {ex['production']} != reference {ex['reference']} "
+                      f"(decisive margin)"))
+    findings = [line for *_, line in sorted(items, key=lambda x: x[:3])]
     counts = {
         "calls": len(calls), "engine_steps": facts["engine_steps"], "target_forwards": len(targets or []),
         "drafted": tokens["drafted"], "compared": tokens["compared"], "ties": tokens["ties"],
@@ -825,7 +834,7 @@ def rejudge(stem: str, *, log=print) -> dict:
     rep["target_follows_f"] = meta.get("target_follows_f")
     rep.update(judge_run(cfg, weights, calls, proposals, list(meta.get("tap_errors", [])), case, targets=targets,
                          multi_module="MultiModule" in str(runner.get("proposer", "")),
-                         max_model_len=int(runner.get("max_model_len", 1024)), log=log))
+                         max_model_len=int(runner.get("max_model_len", 1024)), prompts=meta.get("prompts"), log=log))
     rep["timing_s"] = {"reference": rep.pop("reference_s")}
     rep["problems"] = verdict_problems(rep)
     rep["passed"] = rep["problems"] == []

@@ -361,7 +361,7 @@ def component_errors(calls: list[DraftCall], replays: list[CallReplay], toleranc
     return out
 
 
-def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None) -> dict:
+def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None, multi_module: bool = False) -> dict:
     """What the engine did: draft steps per engine step, longest context, drafts accepted per
     request and engine step (step 0's sampled row - its first row, decode requests only),
     rejected rows, sampled rows that are not the proposer's ``last_token_indices``, attention
@@ -399,7 +399,9 @@ def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None) -> di
                 if lti is not None and lti.numel() > r and int(key) in seen and int(call.positions[qsl[r]]) > 0:
                     accepted.append(int(lti[r]) - qsl[r])
                 seen.add(int(key))
-        if call.seq_lens is not None and call.seq_lens.numel() >= nreq:
+        # (the multi-module proposer re-prefills rejected drafts and runs every step over the
+        # whole window: its seq_lens follow other rules, covered by the bookkeeping checks)
+        if call.seq_lens is not None and call.seq_lens.numel() >= nreq and not multi_module:
             for r in range(nreq):
                 if qsl[r + 1] == qsl[r]:
                     continue
