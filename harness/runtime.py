@@ -18,3 +18,19 @@ def cannot_run_production_reason() -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"vLLM does not import: {exc.__class__.__name__}: {exc}"
     return None
+
+
+def reference_device() -> str:
+    """Where the float64 reference replays production: the GPU when one is present (the
+    side by side's replay at real dims takes tens of seconds on a host CPU, well under a
+    second on an H200), unless ``HYV4_REFERENCE_DEVICE`` says otherwise (``cpu``/``cuda``)."""
+    import os
+
+    want = os.environ.get("HYV4_REFERENCE_DEVICE", "").strip().lower()
+    if want in ("cpu", "cuda"):
+        return want
+    try:
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"

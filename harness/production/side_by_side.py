@@ -381,10 +381,15 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     prod = dict(prod)
     t1 = time.perf_counter()
-    ref = replay(cfg, weights, prod, first, case.steps, R.EXACT)
-    ref_p = replay(cfg, weights, prod, first, case.steps, R.PRODUCTION)
+    from harness.runtime import reference_device
+
+    dev = reference_device()
+    # weights moved once for the replays and the free draft (.to on a moved tensor is a no-op)
+    wdev = weights if dev == "cpu" else {k: v.to(dev) for k, v in weights.items()}
+    ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev)
+    ref_p = replay(cfg, wdev, prod, first, case.steps, R.PRODUCTION, device=dev)
     try:
-        free_tokens = R.draft(cfg, weights, first, case.steps, num=R.EXACT).tokens.tolist()
+        free_tokens = R.draft(cfg, wdev, first.to(dev), case.steps, num=R.EXACT).tokens.tolist()
     except R.UnwrittenKVError as exc:  # reference cycles MTP layers: layer k>0 has no KV context
         free_tokens = f"reference.draft cannot run: {exc}"
     t_ref = time.perf_counter() - t1
@@ -428,7 +433,7 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
         # which MTP layer served steps >= 1? replay both policies and compare final_norm
         layer_policy = {}
         try:
-            cyc = replay(cfg, weights, prod, first, case.steps, R.EXACT, layer_policy="cycle")
+            cyc = replay(cfg, wdev, prod, first, case.steps, R.EXACT, layer_policy="cycle", device=dev)
         except R.UnwrittenKVError as exc:
             cyc = None
             layer_policy["cycle(k mod n)"] = f"reference cannot replay: {exc}"
@@ -450,7 +455,7 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
         "layer_policy": layer_policy,
         "tokens": {"production": prod_tokens, "reference_free_running": free_tokens,
                    "agree": prod_tokens == free_tokens},
-        "timing_s": timing, "fp8_kernels": info.get("fp8_kernels"),
+        "timing_s": timing, "reference_device": dev, "fp8_kernels": info.get("fp8_kernels"),
         "prod_keys": sorted(prod), "_prod": prod, "_ref": ref, "_prod_cmp": prod_cmp, "_report": report,
     }
 
