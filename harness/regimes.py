@@ -201,7 +201,11 @@ def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: in
         with probes.recording() as rec:
             res = _partial(cfg, weights, first, steps)
     flat = R.flatten(res) if res is not None else {}
-    return outcome, from_run(cfg, weights, flat, rec, steps, hf)
+    try:
+        values = from_run(cfg, weights, flat, rec, steps, hf)
+    except Exception as exc:  # noqa: BLE001 - the regime numbers inform a report, they must not cost its verdict
+        values = {"error": f"{exc.__class__.__name__}: {exc}"}
+    return outcome, values
 
 
 def _partial(cfg, weights, first, steps):

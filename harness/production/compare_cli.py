@@ -184,6 +184,8 @@ def bisect_command(args) -> int:
         reports[f"golden/{cid}"] = golden
         gfirst = golden.first_divergent
         print(f"{'ok  ' if golden.passed else 'FAIL'} golden {cid}" + ("" if golden.passed else f": first divergent {gfirst.name}"))
+        if golden.meta.get("stale"):
+            print(f"     golden {cid}: {golden.meta['stale']}")
         verdict = verdict if golden.passed else EXIT_MISMATCH
     missing = uncovered(regime_values)
     if missing:  # a harness weakness, not a vLLM verdict: reported, the exit code stays vLLM's

@@ -479,7 +479,7 @@ def format_regimes(values: dict) -> str:
     """One line: the thresholded regimes' values (harness/regimes.py), '!' where below the threshold."""
     from harness.regimes import REGIMES
 
-    cells = []
+    cells = [f"error={values['error']}"] if "error" in values else []
     for name, regime in REGIMES.items():
         v = values.get(name)
         if regime.threshold is None or v is None:
