@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch, 125 cannot judge")
     b.add_argument("--case", action="append", default=None, metavar="ID")
     b.add_argument("--report", default=None)
+    b.add_argument("--plant", default=None, metavar="MUTANT",
+                   help="self-test of the harness: plant a known bug (`mutants --list`) in every case it "
+                        "applies to before judging; a working bisect-check then exits 1")
     b.set_defaults(func=cmd_bisect_check)
 
     mu = sub.add_parser("mutants", help="apply known-bug mutants to vLLM in process; 0 all detected, 1 not, 125")

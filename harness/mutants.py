@@ -50,13 +50,10 @@ class MutantNotApplicable(Exception):
 # ---------------------------------------------------------------------------
 
 def _extra_cases() -> dict:
-    from harness.production.side_by_side import GpuCase
-
-    # swiglu_limit 10 (the preset) never binds on O(1) synthetic activations,
-    # so a clamp mutant there is unobservable; limit 1 clips ~30% of values.
-    return {c.id: c for c in (
-        GpuCase("mut-k1-clamp1", overrides=(("swiglu_limit", 1.0),), steps=1, seed=21),
-    )}
+    """Cases only the mutants use (none at present: the clamp mutants run on the default bisect
+    case tiny-k2-clamp-headwise, swiglu_limit 1.5, ~20 % of the routed SwiGLU elements clamped,
+    harness/regimes.py; the preset's limit 10 never binds on O(1) synthetic activations)."""
+    return {}
 
 
 def case_by_id(case_id: str):
@@ -657,7 +654,7 @@ class Mutant:
 
 
 K1, K3SHARE, LONG, LONGSHARE, HEADWISE, CLAMP = (
-    "tiny-k1", "tiny-k3-share", "tiny-k2-long", "tiny-k3-long-share", "tiny-k2-headwise", "mut-k1-clamp1")
+    "tiny-k1", "tiny-k3-share", "tiny-k2-long", "tiny-k3-long-share", "tiny-k2-headwise", "tiny-k2-clamp-headwise")
 
 CATALOGUE: tuple[Mutant, ...] = (
     # weight loading / naming
@@ -764,6 +761,15 @@ def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
             "timing_s": {"build": t_build, "load": t_load, "run": t_run}}
     del sess, ctx
     return sbs.judge(case, prod, info), []
+
+
+def run_planted(case, name: str) -> dict:
+    """``side_by_side.judge`` of ``case`` run with mutant ``name`` planted (``bisect-check --plant``).
+
+    Raises MutantNotApplicable when the mutant has nothing to act on in this case, _RunRaised
+    when production raised after the mutant was applied.
+    """
+    return _run(case, BY_NAME[name])[0]
 
 
 class _RunRaised(Exception):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import rope
+from . import probes, rope
 from .config import MTPConfig
 from .norms import rms_norm
 from .numerics import Numerics
@@ -66,7 +66,9 @@ def attend(cfg: MTPConfig, lw: dict, q: torch.Tensor, kv_c: torch.Tensor, k_pe: 
     logits = logits.to(num.fp32) * cfg.softmax_scale  # [nh, S]
     if sink is not None:
         full = torch.cat([logits, sink.to(logits.dtype)[:, None]], dim=1)
-        p = torch.softmax(full, dim=1)[:, :-1]
+        p_full = torch.softmax(full, dim=1)
+        probes.note("attn.sink_share", p_full[:, -1])
+        p = p_full[:, :-1]
     else:
         p = torch.softmax(logits, dim=1)
     o_lat = num.store(p @ num.up(kv_c).to(p.dtype))  # [nh, Lkv]

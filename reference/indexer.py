@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import fp8, rope
+from . import fp8, probes, rope
 from .config import MTPConfig
 from .norms import layer_norm
 from .numerics import Numerics
@@ -47,6 +47,8 @@ def project(cfg: MTPConfig, lw: dict, x: torch.Tensor, q_c: torch.Tensor,
     k_pe = rope.apply_interleaved(num.up(k[:, None, d - dr:]), cos, sin)[:, 0]
     q = torch.cat([q[..., : d - dr], num.store(q_pe)], dim=-1)
     k = torch.cat([k[:, : d - dr], num.store(k_pe)], dim=-1)
+    probes.note("indexer.q_prequant", q)
+    probes.note("indexer.k_prequant", k)
     q8, q_scale = fp8.quantize_token_groups(q.reshape(t * ih, d), QUANT_GROUP, ue8m0=True)
     # The cache-insert kernel clamps amax at 1e-4 (the q quantizer at 1e-10).
     k8, k_scale = fp8.quantize_token_groups(k, QUANT_GROUP, ue8m0=True, eps=1e-4)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .config import MTPConfig
+from . import probes
 from .numerics import Numerics
 
 
@@ -39,10 +40,13 @@ def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float | None) -> torch.Tenso
 
 
 def ffn(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-        limit: float | None, num: Numerics) -> torch.Tensor:
-    """W_down swiglu(W_gate x, W_up x): x [T, H] -> [T, H]."""
+        limit: float | None, num: Numerics, probe: str | None = None) -> torch.Tensor:
+    """W_down swiglu(W_gate x, W_up x): x [T, H] -> [T, H]. ``probe``: name under which the
+    pre-clamp (gate ; up) are noted while ``probes.recording`` is on."""
     g = num.linear(x, w_gate)
     u = num.linear(x, w_up)
+    if probe and probes.active():
+        probes.note(probe, torch.stack([num.up(g), num.up(u)]))
     a = num.store(swiglu(num.up(g), num.up(u), limit))
     return num.linear(a, w_down)
 
@@ -67,7 +71,7 @@ def routed(cfg: MTPConfig, lw: dict, x: torch.Tensor, ids: torch.Tensor, w: torc
             continue
         rows, slot = torch.nonzero(ids == e, as_tuple=True)
         y = ffn(x[rows], lw["mlp.experts.gate_proj"][e], lw["mlp.experts.up_proj"][e],
-                lw["mlp.experts.down_proj"][e], limit, num)
+                lw["mlp.experts.down_proj"][e], limit, num, probe="moe.routed.gate_up")
         acc.index_add_(0, rows, num.up(y).to(num.fp32) * w[rows, slot, None].to(num.fp32))
     return num.store(acc)
 

@@ -15,7 +15,11 @@ import dataclasses
 from harness.cli import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
 from harness.report import write_report
 
-DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers")
+# Together these exercise every regime of harness/regimes.py above its threshold
+# (tests/cpu/test_regimes.py): tiny-k3-share index sharing, K = 3 and a heavy sink;
+# tiny-k2-long contexts beyond index_topk and routing near-ties; tiny-k2-clamp-headwise
+# the routed SwiGLU clamp, the headwise gate, fused experts and layers naming.
+DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise")
 # vLLM's own speculator (engine.py): drafts accepted at planned rates, index sharing,
 # and the two-MTP-layer MultiModuleMTPSpeculator
 DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")
@@ -87,18 +91,31 @@ def validate_args(command: str, args) -> None:
         unknown = [c for c in (args.case or []) if c not in GPU_CASES and c not in ENGINE_CASES]
         if unknown:
             raise CLIError(f"unknown case(s) {unknown}; known: {', '.join([*GPU_CASES, *ENGINE_CASES])}")
+        plant = getattr(args, "plant", None)
+        if plant is not None:
+            from harness.mutants import BY_NAME
+            if plant not in BY_NAME:
+                raise CLIError(f"--plant {plant}: unknown mutant; known: {', '.join(BY_NAME)}")
 
 
-def _run(case):
+def _run(case, plant: str | None = None):
     """(result, None), or (None, reason) when production could not run the case.
 
     A crash while building, loading or running vLLM (a missing kernel, a
     refused config, a JIT failure) means "cannot judge" (exit 125), never
     "numeric mismatch": git bisect then skips the commit instead of blaming it.
+    ``plant``: a mutant of harness/mutants.py applied after loading (a case it
+    does not apply to runs pristine).
     """
     from .side_by_side import run_case
 
     try:
+        if plant is not None:
+            from harness.mutants import MutantNotApplicable, run_planted
+            try:
+                return run_planted(case, plant), None
+            except MutantNotApplicable:
+                pass
         return run_case(case), None
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
         return None, f"production run of {case.id} failed: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -160,8 +177,10 @@ def compare_command(args) -> int:
 
 
 def bisect_command(args) -> int:
+    from harness.regimes import coverage, uncovered
+
     from .goldens_gpu import check_production_golden
-    from .side_by_side import GPU_CASES, versions
+    from .side_by_side import GPU_CASES, format_regimes, versions
 
     from .engine import ENGINE_CASES
 
@@ -169,16 +188,20 @@ def bisect_command(args) -> int:
     engine_ids = [c for c in ids if c in ENGINE_CASES]
     ids = [c for c in ids if c not in ENGINE_CASES]
     # the speculator path first: one engine per subprocess, before this process holds the GPU
+    # (a --plant mutant patches the module-level model only; HYV4_SPECULATOR_MUTANT the speculator)
     engine, verdict = run_engine_cases(engine_ids)
-    reports = {}
+    reports, regime_values = {}, {}
     for cid in ids:
-        result, reason = _run(GPU_CASES[cid])
+        result, reason = _run(GPU_CASES[cid], getattr(args, "plant", None))
         if reason:
             print(f"cannot judge: {reason}")
             return worst(verdict, EXIT_CANNOT_JUDGE)
         reports[f"side-by-side/{cid}"] = result["_report"]
+        result["_report"].meta["regimes"] = result["regimes"]
+        regime_values[cid] = result["regimes"]
         first = result["first_divergent"]
         print(f"{'ok  ' if result['passed'] else 'FAIL'} side-by-side {cid}" + ("" if result["passed"] else f": first divergent {first}"))
+        print(f"     regimes: {format_regimes(result['regimes'])}")
         verdict = verdict if result["passed"] else EXIT_MISMATCH
         golden = check_production_golden(cid, result["_prod"])
         if golden is None:
@@ -187,9 +210,15 @@ def bisect_command(args) -> int:
         reports[f"golden/{cid}"] = golden
         gfirst = golden.first_divergent
         print(f"{'ok  ' if golden.passed else 'FAIL'} golden {cid}" + ("" if golden.passed else f": first divergent {gfirst.name}"))
+        if golden.meta.get("stale"):
+            print(f"     golden {cid}: {golden.meta['stale']}")
         verdict = verdict if golden.passed else EXIT_MISMATCH
+    missing = uncovered(regime_values)
+    if missing:  # a harness weakness, not a vLLM verdict: reported, the exit code stays vLLM's
+        print(f"warning: no case of this run exercises the regime(s) {missing} (harness/regimes.py)")
     if args.report:
-        write_report(args.report, reports, {"versions": versions(), "engine": engine})
+        write_report(args.report, reports, {"versions": versions(), "engine": engine, "regimes": regime_values,
+                                            "regime_coverage": coverage(regime_values)})
     return verdict
 
 

@@ -133,6 +133,12 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     GpuCase("tiny-k1", steps=1, seed=1),
     GpuCase("tiny-k3-ragged", requests=3, tokens=8, steps=3, seed=2),
     GpuCase("tiny-k2-fused-layers", steps=2, seed=3, naming="layers", experts="fused"),
+    # The regimes the other default bisect cases leave unexercised (harness/regimes.py): swiglu_limit
+    # 10 never binds on the synthetic O(1) activations, 1.5 clamps ~20 % of the routed SwiGLU
+    # elements (removing the clamp moves mlp.out by ~15x its tolerance, CPU-measured); headwise gate;
+    # fused experts and layers naming (what tiny-k2-fused-layers brought to the bisect set).
+    GpuCase("tiny-k2-clamp-headwise", overrides=(("swiglu_limit", 1.5), ("gating_type", "headwise")), steps=2,
+            seed=22, naming="layers", experts="fused"),
     GpuCase("tiny-k2-nosink", overrides=(("learnable_sink", False),), steps=2, seed=4),
     GpuCase("tiny-k3-share", overrides=(("index_share_for_mtp_iteration", True),), requests=3,
             tokens=8, steps=3, seed=5),
@@ -371,7 +377,7 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     The reference weights are ``case_inputs(case)[2]`` (FP8: the exact
     dequantized checkpoint); tolerances default to ``tolerances_for(case.quant)``.
     """
-    from harness import compare
+    from harness import compare, regimes
     from harness.production.replay import replay
     from harness.production.tolerances import tolerances_for
 
@@ -384,14 +390,16 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     from harness.runtime import reference_device
 
     dev = reference_device()
-    # weights moved once for the replays and the free draft (.to on a moved tensor is a no-op)
+    # weights moved once for the replays (.to on a moved tensor is a no-op)
     wdev = weights if dev == "cpu" else {k: v.to(dev) for k, v in weights.items()}
     ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev)
     ref_p = replay(cfg, wdev, prod, first, case.steps, R.PRODUCTION, device=dev)
-    try:
-        free_tokens = R.draft(cfg, wdev, first.to(dev), case.steps, num=R.EXACT).tokens.tolist()
-    except R.UnwrittenKVError as exc:  # reference cycles MTP layers: layer k>0 has no KV context
-        free_tokens = f"reference.draft cannot run: {exc}"
+    # the free-running reference, instrumented (CPU): how strongly this case exercises each regime
+    free, regime_values = regimes.measure_draft(cfg, weights, first, case.steps, hf)
+    if isinstance(free, R.UnwrittenKVError):  # reference cycles MTP layers: layer k>0 has no KV context
+        free_tokens = f"reference.draft cannot run: {free}"
+    else:
+        free_tokens = free.tokens.tolist()
     t_ref = time.perf_counter() - t1
     # dense MLA prefill (no sink, short context) leaves the top-k buffer unused
     skipped = []
@@ -455,7 +463,7 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
         "layer_policy": layer_policy,
         "tokens": {"production": prod_tokens, "reference_free_running": free_tokens,
                    "agree": prod_tokens == free_tokens},
-        "timing_s": timing, "reference_device": dev, "fp8_kernels": info.get("fp8_kernels"),
+        "timing_s": timing, "reference_device": dev, "fp8_kernels": info.get("fp8_kernels"), "regimes": regime_values,
         "prod_keys": sorted(prod), "_prod": prod, "_ref": ref, "_prod_cmp": prod_cmp, "_report": report,
     }
 
@@ -470,6 +478,19 @@ def format_rows(result: dict) -> str:
                      f"{(pn if pn is not None else float('nan')):11.3e} {r['sim_gap']:9.2e} "
                      f"{r['mismatch_pct']:6.2f}  {r['note']}")
     return "\n".join(lines)
+
+
+def format_regimes(values: dict) -> str:
+    """One line: the thresholded regimes' values (harness/regimes.py), '!' where below the threshold."""
+    from harness.regimes import REGIMES
+
+    cells = [f"error={values['error']}"] if "error" in values else []
+    for name, regime in REGIMES.items():
+        v = values.get(name)
+        if regime.threshold is None or v is None:
+            continue
+        cells.append(f"{name}={v:.3g}" + ("" if v >= regime.threshold else "!"))
+    return " ".join(cells)
 
 
 def versions() -> dict:
@@ -594,6 +615,7 @@ def main(argv=None) -> int:
         if res.get("layer_policy"):
             print("layer policy (max |d| of final_norm):", res["layer_policy"], flush=True)
         print("tokens:", res["tokens"], "timing", {k: round(v, 2) for k, v in res["timing_s"].items()}, flush=True)
+        print("regimes:", format_regimes(res["regimes"]), flush=True)
         if args.save_traces:  # one file per case, written now: a later crash or timeout keeps it
             pending.update(_trace_tensors(cid, res["_prod"]))
             _flush(pending, out, n_files)

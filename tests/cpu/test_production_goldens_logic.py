@@ -1,11 +1,19 @@
-"""The production-golden check on CPU with a fabricated trace: a one-ulp bf16
-change is visible, another platform is 'no golden', an fp32 jitter is not."""
+"""The production-golden check on CPU with fabricated traces: a one-ulp bf16
+change is visible, another platform is 'no golden', an fp32 jitter is not; the
+golden stores every component the side by side compares (issue 12, item 4), so
+the first divergence names the cause; older goldens are reported, not crashed on."""
 
 from __future__ import annotations
 
 import torch
 
+import pytest
+
+import reference as R
+from harness import goldens
 from harness.production import goldens_gpu as g
+from harness.production import side_by_side as sbs
+from harness.production.fp8_emulation import as_production_trace
 
 PLATFORM = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "vllm": "0.33.0"}
 
@@ -43,6 +51,7 @@ def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):
     """Rows whose context exceeds index_topk (128 in tiny-k2-long) may move within the reference
     tolerance (FlashMLA sparse sums the top-k keys in a run-dependent order); others may not."""
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    monkeypatch.setattr(g, "ROW_CAP", 1000)  # every row kept (row capping: tests below)
     gen = torch.Generator().manual_seed(1)
     pos = torch.cat([torch.arange(150), torch.arange(150)])  # two requests of 150 tokens
     prod = {"step0.positions": pos, "step0.attn.core": torch.randn(300, 8, generator=gen).to(torch.bfloat16),
@@ -61,3 +70,120 @@ def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):
     assert not g.check_production_golden("tiny-k2-long", bump([149], ulps=200), tmp_path).passed  # not an ulp
     flipped = {**prod, "step0.draft_token": torch.tensor([3, 8])}  # last rows: positions 149 > 128
     assert g.check_production_golden("tiny-k2-long", flipped, tmp_path).passed
+
+
+def _fabricated(case_id: str) -> dict:
+    """What production's hooks hand the golden: the reference in bf16 numerics, shaped by
+    ``as_production_trace`` (q_fp8 e4m3 values, the raw indexer.kw, attn.topk, no scores)."""
+    case = sbs.GPU_CASES[case_id]
+    hf, _, w = sbs.case_inputs(case)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    first = R.make_case(cfg, case.seed, case.requests, case.tokens)
+    flat = R.flatten(R.draft(cfg, w, first, case.steps, num=R.PRODUCTION))
+    prod = as_production_trace(cfg, flat, case.steps)
+    for k in [k for k in prod if k.endswith("indexer.q_fp8")]:
+        prod[k] = prod[k].to(torch.float8_e4m3fn)  # as the hook captures it
+    return prod
+
+
+def _by_step(keys) -> dict:
+    out: dict = {}
+    for k in keys:
+        step, comp = k.split(".", 1)
+        out.setdefault(step, set()).add(comp)
+    return out
+
+
+@pytest.fixture(scope="module")
+def k3share() -> dict:
+    return _fabricated("tiny-k3-share")
+
+
+def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3share):
+    monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    g.record("tiny-k3-share", k3share, tmp_path)
+    stored, _ = g._decode(goldens.load(g.KIND, "tiny-k3-share", tmp_path)[0])
+    judged = sbs.judge(sbs.GPU_CASES["tiny-k3-share"], k3share, {})
+    assert judged["passed"], judged["table"]
+    compared = [r.name for r in judged["_report"].results]
+    assert _by_step(stored) == _by_step(compared)
+    for must in ("indexer.k", "indexer.q_deq", "indexer.q_scale", "indexer.topk", "attn.topk", "embed", "attn.q_c"):
+        assert must in _by_step(stored)["step0"], must
+    assert g.stored_components("tiny-k3-share", tmp_path) == [
+        c for c in sbs.PRODUCTION_COMPONENTS if c in _by_step(compared)["step0"]]
+    assert g.check_production_golden("tiny-k3-share", k3share, tmp_path).passed
+
+
+def test_first_divergence_names_the_cause(tmp_path, monkeypatch, k3share):
+    """An upstream-style indexer regression (k no longer normed in fp32: every k moves by an ulp)
+    that also moves attn.core is reported at indexer.k, not at attn.core."""
+    monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    g.record("tiny-k3-share", k3share, tmp_path)
+    bad = dict(k3share)
+    for comp in ("indexer.k", "attn.core"):
+        t = bad[f"step0.{comp}"].clone()
+        t.view(torch.int16)[:, 3] += 1
+        bad[f"step0.{comp}"] = t
+    rep = g.check_production_golden("tiny-k3-share", bad, tmp_path)
+    assert not rep.passed and rep.first_divergent.name == "step0.indexer.k", rep.table()
+    assert [r.name for r in rep.results if not r.passed] == ["step0.indexer.k", "step0.attn.core"]
+    q = dict(k3share)  # one e4m3 step of one indexer q element: seen at q_deq
+    q8 = q["step0.indexer.q_fp8"].float()
+    q8[0, 0, 0] = q8[0, 0, 0] * 1.125 if q8[0, 0, 0] != 0 else 1.0
+    q["step0.indexer.q_fp8"] = q8.to(torch.float8_e4m3fn)
+    assert g.check_production_golden("tiny-k3-share", q, tmp_path).first_divergent.name == "step0.indexer.q_deq"
+
+
+def test_long_steps_keep_capped_rows_and_the_goldens_fit(tmp_path, monkeypatch):
+    """tiny-k2-long (317 step-0 rows) keeps ROW_CAP rows incl. each request's first and last; the
+    goldens directory (reference + every production golden, recorded from fabricated traces) stays
+    under 5 MB; a one-ulp change in a kept short-context row fails, the same trace passes."""
+    monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    traces = {cid: _fabricated(cid) for cid in g.GOLDEN_CASES}
+    for cid, prod in traces.items():
+        g.record(cid, prod, tmp_path)
+    prod_bytes = sum(p.stat().st_size for p in (tmp_path / g.KIND).iterdir())
+    ref_bytes = sum(p.stat().st_size for p in (goldens.ROOT / "reference").iterdir())
+    assert prod_bytes + ref_bytes < 5 * 2**20, (prod_bytes, ref_bytes)
+    long = traces["tiny-k2-long"]
+    stored, rows = g._decode(goldens.load(g.KIND, "tiny-k2-long", tmp_path)[0])
+    kept = rows["step0"]
+    assert "step1" not in rows and kept.numel() <= g.ROW_CAP
+    pos = long["step0.positions"]
+    starts = [0] + (torch.nonzero(pos[1:] <= pos[:-1]).flatten() + 1).tolist()
+    assert set(starts) | {s - 1 for s in starts[1:]} | {pos.numel() - 1} <= set(kept.tolist())
+    assert stored["step0.indexer.k"].shape[0] == kept.numel() and stored["step0.logits"].shape[0] == 2
+    assert stored["step0.indexer.topk"].dtype == torch.int16
+    assert g.check_production_golden("tiny-k2-long", long, tmp_path).passed
+    short = int(kept[(pos[kept] + 1 <= 128)][5])  # a kept row that reads every key: tight tolerance
+    bumped = dict(long)
+    t = long["step0.embed"].clone()
+    t.view(torch.int16)[short, 0] += 1
+    bumped["step0.embed"] = t
+    rep = g.check_production_golden("tiny-k2-long", bumped, tmp_path)
+    assert not rep.passed and rep.first_divergent.name == "step0.embed"
+    fewer = {k: v for k, v in long.items()}
+    fewer["step0.positions"] = long["step0.positions"][:100]
+    rep = g.check_production_golden("tiny-k2-long", fewer, tmp_path)
+    assert not rep.passed and "re-record" in rep.results[0].note
+
+
+def test_a_golden_recorded_before_the_new_components_is_reported_not_crashed_on(tmp_path, monkeypatch, k3share):
+    """The goldens of 2026-12-01 hold 13 components at every row: the check judges those and says
+    which components the golden predates."""
+    monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    old = ("eh_proj", "attn.kv_c", "indexer.topk", "attn.topk", "attn.core", "attn.out", "moe.router_logits",
+           "moe.topk_ids", "moe.topk_weights", "mlp.out", "final_norm", "logits", "draft_token")
+    legacy = {k: v.clone() for k, v in k3share.items() if k.split(".", 1)[1] in old}
+    goldens.write(g.KIND, "tiny-k3-share", legacy, {"case": "tiny-k3-share", "platform": g.platform(),
+                                                   "components": list(old)}, tmp_path)
+    rep = g.check_production_golden("tiny-k3-share", k3share, tmp_path)
+    assert rep.passed, rep.table()
+    assert {r.name.split(".", 1)[1] for r in rep.results} == set(old)
+    assert rep.meta["stale"].startswith("golden recorded before embed, embed_masked, enorm, hnorm, attn.q_c,")
+    assert "indexer.k" in rep.meta["stale"] and "re-record" in rep.meta["stale"]
+    bad = dict(k3share)
+    t = bad["step0.attn.core"].clone()
+    t.view(torch.int16)[0, 0] += 1
+    bad["step0.attn.core"] = t
+    assert g.check_production_golden("tiny-k3-share", bad, tmp_path).first_divergent.name == "step0.attn.core"

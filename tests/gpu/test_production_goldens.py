@@ -3,6 +3,8 @@ vLLM on this platform (GPU model, torch, CUDA, vLLM)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from harness.production.goldens_gpu import GOLDEN_CASES, check_production_golden, has_golden, platform, record
@@ -20,4 +22,6 @@ def test_production_matches_its_golden(case_id, update_goldens):
         record(case_id, result["_prod"])
         pytest.fail(f"production golden {case_id} rewritten: review `git diff goldens/`")
     report = check_production_golden(case_id, result["_prod"])
+    if report.meta.get("stale"):
+        warnings.warn(f"{case_id}: {report.meta['stale']}")
     assert report.passed, report.table()

@@ -1,0 +1,81 @@
+"""bisect-check on CPU with production faked by the reference in bf16 numerics (``as_production_trace``):
+the report carries every case's regimes and their coverage; ``--plant clamp-removed`` (here: the
+stand-in run without the routed clamp) exits 1 with the clamp case failing first at mlp.out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+import reference as R
+from harness import mutants
+from harness.cli import EXIT_MISMATCH, EXIT_OK
+from harness.production import compare_cli
+from harness.production import goldens_gpu
+from harness.production import side_by_side as sbs
+from harness.production.fp8_emulation import as_production_trace
+from harness.regimes import REGIMES
+
+
+def _stand_in(case, clamp: bool = True) -> dict:
+    hf, _, w = sbs.case_inputs(case)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    if not clamp:
+        cfg = cfg.replace(swiglu_limit=0.0)
+    first = R.make_case(cfg, case.seed, case.requests, case.tokens)
+    flat = R.flatten(R.draft(cfg, w, first, case.steps, num=R.PRODUCTION))
+    return sbs.judge(case, as_production_trace(cfg, flat, case.steps), {})
+
+
+@pytest.fixture
+def faked(monkeypatch):
+    monkeypatch.setattr(sbs, "run_case", lambda case, **_: _stand_in(case))
+    monkeypatch.setattr(sbs, "versions", lambda: {"note": "CPU stand-in"})
+    monkeypatch.setattr(goldens_gpu, "check_production_golden", lambda *a, **k: None)  # no golden here
+
+    def planted(case, name):
+        assert name == "clamp-removed"
+        return _stand_in(case, clamp=False)
+    monkeypatch.setattr(mutants, "run_planted", planted)
+
+
+def _args(tmp_path, cases=None, plant=None):
+    return argparse.Namespace(case=cases, report=str(tmp_path / "bisect.json"), plant=plant)
+
+
+def test_bisect_report_carries_regimes_and_coverage(tmp_path, faked, capsys):
+    """Two of the default cases (tiny-k2-long's replay is the slow one; the full default set's
+    coverage is tests/cpu/test_regimes.py's): regimes per case in the report, coverage in its meta,
+    and the one regime only tiny-k2-long brings named as not exercised."""
+    cases = ["tiny-k3-share", "tiny-k2-clamp-headwise"]
+    assert set(cases) < set(compare_cli.DEFAULT_BISECT_CASES)
+    assert compare_cli.bisect_command(_args(tmp_path, cases)) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.count("regimes: routed_clamp_frac=") == len(cases)
+    assert "warning: no case of this run exercises the regime(s) ['topk_selecting_rows_frac']" in out
+    doc = json.loads((tmp_path / "bisect.json").read_text())
+    assert set(doc["meta"]["regimes"]) == set(cases)
+    coverage = doc["meta"]["regime_coverage"]
+    assert set(coverage) == {k for k, r in REGIMES.items() if r.threshold is not None}
+    assert [k for k, c in coverage.items() if not c["ok"]] == ["topk_selecting_rows_frac"]
+    assert coverage["routed_clamp_frac"]["case"] == "tiny-k2-clamp-headwise"
+    case_meta = doc["cases"]["side-by-side/tiny-k2-clamp-headwise"]["meta"]["regimes"]
+    assert case_meta["routed_clamp_frac"] >= 0.05
+
+
+def test_planted_clamp_off_exits_1_at_mlp_out(tmp_path, faked, capsys):
+    args = _args(tmp_path, ["tiny-k3-share", "tiny-k2-clamp-headwise"], plant="clamp-removed")
+    compare_cli.validate_args("bisect_command", args)
+    assert compare_cli.bisect_command(args) == EXIT_MISMATCH
+    out = capsys.readouterr().out
+    assert "ok   side-by-side tiny-k3-share" in out  # swiglu_limit 10: nothing to clamp there
+    assert "FAIL side-by-side tiny-k2-clamp-headwise: first divergent step0.mlp.out" in out
+    assert "warning: no case of this run exercises the regime(s) ['topk_selecting_rows_frac']" in out
+
+
+def test_plant_must_name_a_mutant(tmp_path):
+    from harness.cli import CLIError
+    with pytest.raises(CLIError, match="unknown mutant"):
+        compare_cli.validate_args("bisect_command", _args(tmp_path, plant="no-such-bug"))
