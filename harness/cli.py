@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from .atomic import atomic_write, write_errors, write_failure
-from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, CLIError  # noqa: F401 - re-exported
+from .exitcodes import (EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, CLIError,  # noqa: F401 - re-exported
+                        OneLineParser)
 
 
 def _load_case_inputs(args):
@@ -173,13 +174,6 @@ def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism: runs on that many GPUs, also vs TP=1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="write the JSON report here")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (``error: ...``) and exit 2 like every bad input."""
-
-    def error(self, message):
-        self.exit(EXIT_USAGE, f"error: {self.prog}: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

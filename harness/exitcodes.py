@@ -18,6 +18,7 @@ adds the traceback. ``harness.cli``, ``harness.production.compare_cli``,
 
 from __future__ import annotations
 
+import argparse
 import sys
 import traceback
 
@@ -34,6 +35,13 @@ class CLIError(Exception):
 
 class CannotJudge(Exception):
     """The harness cannot reach a verdict here (exit 125); the message says why."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``error: ...``) and exit 2 like every bad input."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {message}\n")
 
 
 def one_line(text: str) -> str:
@@ -104,9 +112,10 @@ def run_guarded(fn, *args, debug: bool = False) -> int:
 
 def worst(codes) -> int:
     """The verdict of several cases: 2 if any input was bad, else 1 if any failed, else 125
-    if any could not be judged, else 0."""
+    if any could not be judged (a code outside the contract, e.g. a killed child process,
+    counts as that), else 0."""
     codes = list(codes)
-    for c in (EXIT_USAGE, EXIT_MISMATCH, EXIT_CANNOT_JUDGE):
+    for c in (EXIT_USAGE, EXIT_MISMATCH):
         if c in codes:
             return c
-    return EXIT_OK
+    return EXIT_CANNOT_JUDGE if any(codes) else EXIT_OK

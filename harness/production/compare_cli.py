@@ -6,13 +6,17 @@ against TP = 1) -> per-component table, optional JSON report; exit 0 / 1.
 bisect-check: a small default set of side-by-side cases plus the production
 goldens recorded for this platform -> exit 0 (good) / 1 (mismatch) / 125
 (cannot judge: the production path does not build here).
+
+Exit codes are ``harness.exitcodes``'s: a checkpoint directory is validated
+by the loader before any GPU question (exit 2), and vLLM leaving a parameter
+unloaded (``LoadAuditError``) is a bad commit (exit 1, naming the parameter).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from harness.cli import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
+from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, load_failure_line, one_line
 from harness.report import write_report
 
 DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers")
@@ -33,10 +37,14 @@ def _case_for(args):
         if not os.path.isfile(os.path.join(ckpt, "config.json")):
             raise CLIError(f"{ckpt}: not a checkpoint directory (no config.json)")
         path = os.path.abspath(ckpt)
+        # the whole checkpoint through the loader (config, index, every MTP tensor's
+        # name, shape, dtype, finiteness, scales, duplicates across shards) before
+        # any GPU question: a bad checkpoint is bad input (exit 2) on any machine
+        loaded = _validated_checkpoint(path)
         case = GpuCase(f"ckpt-{os.path.basename(path.rstrip(os.sep))}-seed{args.seed}", ckpt_dir=path,
                        seed=args.seed, steps=args.steps, requests=2, tokens=160)
         try:
-            case = dataclasses.replace(case, quant=quant_of_config(case.hf_config()))
+            case = dataclasses.replace(case, quant=quant_of_config(loaded.hf_config))
         except (OSError, ValueError) as exc:
             raise CLIError(f"{ckpt}/config.json: {exc}") from exc
     elif ckpt in GPU_CASES:
@@ -62,8 +70,26 @@ def _case_for(args):
     return case
 
 
+def _validated_checkpoint(path: str):
+    """``load_checkpoint(path)``, once per directory and process (its CheckpointError is exit 2)."""
+    from harness.checkpoint.loader import load_checkpoint
+
+    if _VALIDATED.get("path") != path:
+        _VALIDATED.clear()
+        _VALIDATED.update(path=path, loaded=load_checkpoint(path))
+    return _VALIDATED["loaded"]
+
+
+_VALIDATED: dict = {}
+
+
 def validate_args(command: str, args) -> None:
     """CLIError (exit 2) for arguments no machine could run, before asking for a GPU."""
+    import os
+
+    report = getattr(args, "report", None)
+    if report and os.path.isdir(report):
+        raise CLIError(f"--report {report}: is a directory; give a .json file path")
     if command == "compare_command":
         if getattr(args, "tp", 1) < 1:
             raise CLIError("--tp must be >= 1")
@@ -78,53 +104,63 @@ def validate_args(command: str, args) -> None:
             raise CLIError(f"unknown case(s) {unknown}; known: {', '.join(GPU_CASES)}")
 
 
-def _run(case):
-    """(result, None), or (None, reason) when production could not run the case.
+def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
+    """(None, exit code, one line) for an exception while vLLM built, loaded or ran a case.
 
-    A crash while building, loading or running vLLM (a missing kernel, a
-    refused config, a JIT failure) means "cannot judge" (exit 125), never
-    "numeric mismatch": git bisect then skips the commit instead of blaming it.
+    vLLM leaving a parameter unloaded (the post-load audit's ``LoadAuditError``)
+    is a bad commit: exit 1, naming the parameter. Any other crash while
+    building, loading or running vLLM (a missing kernel, a refused config, a
+    JIT failure) means "cannot judge" (exit 125), never "numeric mismatch":
+    git bisect then skips the commit instead of blaming it.
     """
+    from .audit import LoadAuditError
+
+    if isinstance(exc, LoadAuditError):
+        return None, EXIT_MISMATCH, f"{load_failure_line(exc)} ({what})"
+    return None, EXIT_CANNOT_JUDGE, f"cannot judge: {what} failed: {exc.__class__.__name__}: {one_line(exc)}"
+
+
+def _run(case):
+    """(result, EXIT_OK, ""), or (None, code, one line) when production failed on the case (``_failure``)."""
     from .side_by_side import run_case
 
     try:
-        return run_case(case), None
+        return run_case(case), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
-        return None, f"production run of {case.id} failed: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return _failure(f"production run of {case.id}", exc)
 
 
 def _run_tp(case, tp: int):
-    """(run_case_tp result, None) or (None, reason): ``case`` at TP = ``tp`` on ``tp`` GPUs."""
+    """(run_case_tp result, EXIT_OK, "") or (None, code, one line): ``case`` at TP = ``tp`` on ``tp`` GPUs."""
     import torch
 
     from .multigpu import TPWorkers, run_case_tp
 
     if torch.cuda.device_count() < tp:
-        return None, f"--tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
+        return None, EXIT_CANNOT_JUDGE, f"cannot judge: --tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
     try:
         with TPWorkers(tp) as workers:
-            return run_case_tp(workers, case), None
+            return run_case_tp(workers, case), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
-        return None, f"TP={tp} production run of {case.id} failed: {exc.__class__.__name__}: " \
-                     f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        return _failure(f"TP={tp} production run of {case.id}", exc)
 
 
 def compare_command(args) -> int:
     case = _case_for(args)
     tp = getattr(args, "tp", 1)
     if tp > 1:
-        res, reason = _run_tp(case, tp)
-        if reason:
-            print(f"cannot judge: {reason}")
-            return EXIT_CANNOT_JUDGE
+        res, code, line = _run_tp(case, tp)
+        if res is None:
+            print(line)
+            return code
         result, vs = res["tpn"], res["tp_vs_tp1"]
         result["_report"].meta.update(tp=tp, merge_rules=res["rules"])
     else:
-        result, reason = _run(case)
+        result, code, line = _run(case)
         vs = None
-        if reason:
-            print(f"cannot judge: {reason}")
-            return EXIT_CANNOT_JUDGE
+        if result is None:
+            print(line)
+            return code
     from .side_by_side import format_rows, versions
 
     print(format_rows(result))
@@ -147,10 +183,10 @@ def bisect_command(args) -> int:
     ids = args.case or list(DEFAULT_BISECT_CASES)
     reports, verdict = {}, EXIT_OK
     for cid in ids:
-        result, reason = _run(GPU_CASES[cid])
-        if reason:
-            print(f"cannot judge: {reason}")
-            return EXIT_CANNOT_JUDGE
+        result, code, line = _run(GPU_CASES[cid])
+        if result is None:  # a load failure is a bad commit (1), any other crash cannot judge (125)
+            print(line)
+            return code
         reports[f"side-by-side/{cid}"] = result["_report"]
         first = result["first_divergent"]
         print(f"{'ok  ' if result['passed'] else 'FAIL'} side-by-side {cid}" + ("" if result["passed"] else f": first divergent {first}"))
