@@ -58,6 +58,12 @@ def _kind(v) -> str:
     return "null" if v is None else type(v).__name__
 
 
+def _is_a(v) -> str:
+    """``is null`` / ``is an int`` / ``is a str``: what the value is, for a message."""
+    k = _kind(v)
+    return "is null" if v is None else f"is {'an' if k[0] in 'aeiou' else 'a'} {k}"
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -74,23 +80,23 @@ def validate_hf_config(hf) -> None:
         if key in hf:
             v = hf[key]
             if not _is_int(v):
-                raise bad(key, f"is a {_kind(v)}; vLLM's HYV4Config (strict) needs an int")
+                raise bad(key, f"{_is_a(v)}; vLLM's HYV4Config (strict) needs an int")
             if v < low:
                 raise bad(key, f"must be >= {low}")
     for key in OPTIONAL_INT_FIELDS:
         if key in hf and hf[key] is not None and not _is_int(hf[key]):
-            raise bad(key, f"is a {_kind(hf[key])}; vLLM's HYV4Config (strict) needs an int or null")
+            raise bad(key, f"{_is_a(hf[key])}; vLLM's HYV4Config (strict) needs an int or null")
     if "eos_token_id" in hf:
         v = hf["eos_token_id"]
         if not (v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(x) for x in v))):
             raise bad("eos_token_id", "must be an int, a list of ints or null (HYV4Config, strict)")
     for key in BOOL_FIELDS:
         if key in hf and not isinstance(hf[key], bool):
-            raise bad(key, f"is a {_kind(hf[key])}; must be true or false (a string like \"false\" "
+            raise bad(key, f"{_is_a(hf[key])}; must be true or false (a string like \"false\" "
                       "would be read as true, or refused by vLLM's strict HYV4Config)")
     for key in STR_FIELDS:
         if key in hf and not isinstance(hf[key], str):
-            raise bad(key, f"is a {_kind(hf[key])}; must be a string")
+            raise bad(key, f"{_is_a(hf[key])}; must be a string")
     for key in STR_LIST_FIELDS:
         if key in hf and hf[key] is not None and not (
                 isinstance(hf[key], list) and all(isinstance(x, str) for x in hf[key])):
@@ -100,9 +106,9 @@ def validate_hf_config(hf) -> None:
             continue
         v = hf[key]
         if not isinstance(v, float):
-            raise bad(key, f"is a {_kind(v)}; vLLM's HYV4Config (strict) needs a float "
+            raise bad(key, f"{_is_a(v)}; vLLM's HYV4Config (strict) needs a float "
                       f"(write {float(v)!r})" if _is_int(v) else
-                      f"is a {_kind(v)}; vLLM's HYV4Config (strict) needs a float")
+                      f"{_is_a(v)}; vLLM's HYV4Config (strict) needs a float")
         if not math.isfinite(v):
             raise bad(key, "must be finite")
         if bound is not None:
@@ -124,7 +130,7 @@ def validate_hf_config(hf) -> None:
 
     for key in ("quantization_config", "rope_parameters", "rope_scaling"):
         if hf.get(key) is not None and not isinstance(hf[key], dict):
-            raise bad(key, f"is a JSON {_kind(hf[key])}; must be an object or null")
+            raise bad(key, f"{_is_a(hf[key])}; must be a JSON object or null")
     if "mtp_quant_algo" in hf and hf["mtp_quant_algo"] is not None and not isinstance(hf["mtp_quant_algo"], str):
         raise bad("mtp_quant_algo", "must be a string or null")
     if "rope_theta" in hf:  # not a HYV4Config field (read from kwargs): any positive finite number
