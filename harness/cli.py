@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_synth_arguments(s)
         s.set_defaults(func=cmd_synth)
 
-    c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/125)")
+    c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/2/125)")
     _add_side_by_side_arguments(c)
     c.set_defaults(func=cmd_compare)
 
@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--factor", type=float, default=2.0, help="report max_abs changes larger than this ratio")
     rp.set_defaults(func=cmd_report)
 
-    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch, 125 cannot judge")
+    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch or load failure, 2 bad input, 125 cannot judge")
     b.add_argument("--case", action="append", default=None, metavar="ID")
     b.add_argument("--report", default=None)
     b.set_defaults(func=cmd_bisect_check)

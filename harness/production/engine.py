@@ -1,6 +1,6 @@
 """Engine level: ``vllm.LLM`` with MTP speculative decoding, its draft tokens checked against the reference.
 
-    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 125
+    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
     python -m harness.production.engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
 
 Each run also saves its recording under --out (``engine_calls_<case>.safetensors`` +

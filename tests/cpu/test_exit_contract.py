@@ -281,14 +281,22 @@ CHECKPOINT_CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def _made(tmp_path_factory):
+    """Corrupted copies made so far (each made once, shared by the commands: they must not change it)."""
+    return {"root": tmp_path_factory.mktemp("contract-bad")}
+
+
 @pytest.fixture
-def bad_dir(tmp_path, bases, request):
+def bad_dir(bases, _made, request):
     """(directory, culprits): a copy of a base checkpoint with one corruption applied."""
-    _, base, mutate, culprits = request.param
-    d = tmp_path / "bad"
-    shutil.copytree(bases[base], d)
-    mutate(d)
-    return d, culprits
+    cid, base, mutate, culprits = request.param
+    if cid not in _made:
+        d = _made["root"] / cid
+        shutil.copytree(bases[base], d)
+        mutate(d)
+        _made[cid] = d
+    return _made[cid], culprits
 
 
 @pytest.mark.parametrize("bad_dir", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES], indirect=True)
