@@ -66,6 +66,13 @@ def _is_load_failure(exc: BaseException) -> bool:
     return isinstance(exc, LoadAuditError)
 
 
+def _is_golden_problem(exc: BaseException) -> bool:
+    """A missing or corrupt stored golden: the harness's own data, so no verdict (125)."""
+    from .goldens import GoldenError
+
+    return isinstance(exc, GoldenError)
+
+
 def load_failure_line(exc: BaseException) -> str:
     """``vLLM load failed: <param>: <problem>; ...`` naming the first parameters."""
     problems = getattr(exc, "problems", None)
@@ -83,7 +90,7 @@ def classify(exc: BaseException) -> tuple[int, str]:
         return EXIT_USAGE, f"error: {one_line(exc)}"
     if _is_load_failure(exc):
         return EXIT_MISMATCH, load_failure_line(exc)
-    if isinstance(exc, CannotJudge):
+    if isinstance(exc, CannotJudge) or _is_golden_problem(exc):
         return EXIT_CANNOT_JUDGE, f"cannot judge: {one_line(exc)}"
     what = one_line(exc)
     return EXIT_CANNOT_JUDGE, (f"cannot judge: unexpected harness error: {exc.__class__.__name__}"
@@ -97,7 +104,7 @@ def report(exc: BaseException, *, debug: bool = False) -> int:
         traceback.print_exception(exc, file=sys.stderr)
     # bad input and unexpected errors on stderr; "cannot judge" verdicts are the
     # command's answer and go to stdout like every other verdict
-    stream = sys.stdout if line.startswith("cannot judge:") and isinstance(exc, CannotJudge) else sys.stderr
+    stream = sys.stdout if isinstance(exc, CannotJudge) else sys.stderr
     print(line, file=stream, flush=True)
     return code
 

@@ -548,3 +548,48 @@ def test_worst_of_several_exit_codes():
 
     assert worst([0, 0]) == 0 and worst([0, 125]) == 125 and worst([125, 1, 0]) == 1 and worst([1, 2]) == 2
     assert worst([0, -9]) == 125 and worst([0, 137]) == 125  # a killed child process cannot judge
+
+
+# ---- goldens: their problems are named in one line, never a bare KeyError ----------------------
+
+def test_golden_problems_are_named(tmp_path):
+    import hashlib as _hashlib
+
+    from harness import goldens
+
+    goldens.write("reference", "c1", {"step0.logits": torch.zeros(2, 3, dtype=torch.float64)}, {"case": "c1"},
+                  root=tmp_path)
+    path = tmp_path / "reference" / "c1.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # a late one-byte edit
+    path.write_bytes(bytes(data))
+    now = _hashlib.sha256(bytes(data)).hexdigest()
+    recorded = json.loads((tmp_path / "manifest.json").read_text())["cases"]["reference/c1"]["sha256"]
+    with pytest.raises(goldens.GoldenError) as ei:
+        goldens.load("reference", "c1", root=tmp_path)
+    assert f"sha256 {now} != manifest {recorded}" in str(ei.value)  # full digests, never cut
+    for doc in ({"meta": {}}, [], {"cases": []}, {"cases": {"reference/c1": "x"}}):
+        (tmp_path / "manifest.json").write_text(json.dumps(doc))
+        with pytest.raises(goldens.GoldenError, match="manifest.json: not a goldens manifest"):
+            goldens.read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("value,refused", [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("Yes", True),
+                                           ("on", True), ("", False), ("0", False), ("false", False), ("No", False),
+                                           ("off", False), (None, False)])
+def test_update_goldens_is_refused_whenever_ci_is_set(value, refused):
+    from harness.goldens import ci_is_set
+
+    assert ci_is_set({} if value is None else {"CI": value}) is refused
+
+
+def test_main_job_with_a_corrupt_golden_cannot_judge(monkeypatch, capsys):
+    from harness import goldens, runtime
+
+    def load(kind, case_id, root=None):
+        raise goldens.GoldenError(f"golden file goldens/{kind}/{case_id}.safetensors is corrupt or edited")
+
+    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
+    monkeypatch.setattr(goldens, "load", load)
+    code, lines, text = _run(capsys, "main")
+    assert code == 125 and "Traceback" not in text and any("is corrupt or edited" in line for line in lines), text
