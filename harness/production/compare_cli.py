@@ -171,9 +171,19 @@ def compare_command(args) -> int:
         reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
     if args.report:
         result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case))
-        write_report(args.report, reports, {"versions": versions()})
+        _write_report(args.report, reports, {"versions": versions()})
         print(f"report: {args.report}")
     return EXIT_OK if result["passed"] and (vs is None or vs.passed) else EXIT_MISMATCH
+
+
+def _write_report(path, reports, meta) -> None:
+    """``write_report``; a failed write is one line (a bad path: 2, a full disk: 125), nothing left behind."""
+    from harness.atomic import write_errors, write_failure
+
+    try:
+        write_report(path, reports, meta)
+    except write_errors() as exc:
+        raise write_failure(f"--report {path}", exc) from exc
 
 
 def bisect_command(args) -> int:
@@ -200,5 +210,5 @@ def bisect_command(args) -> int:
         print(f"{'ok  ' if golden.passed else 'FAIL'} golden {cid}" + ("" if golden.passed else f": first divergent {gfirst.name}"))
         verdict = verdict if golden.passed else EXIT_MISMATCH
     if args.report:
-        write_report(args.report, reports, {"versions": versions()})
+        _write_report(args.report, reports, {"versions": versions()})
     return verdict
