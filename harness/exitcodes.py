@@ -110,11 +110,18 @@ def report(exc: BaseException, *, debug: bool = False) -> int:
 
 
 def run_guarded(fn, *args, debug: bool = False) -> int:
-    """``fn(*args)`` as an exit code: its return value, or the code of what it raised."""
+    """``fn(*args)`` as an exit code: its return value, or the code of what it raised.
+
+    A return value outside the contract (a bug: None, a child's signal code) is 125,
+    never 0 ("good") or 1 ("bad")."""
     try:
-        return fn(*args)
+        code = fn(*args)
     except Exception as exc:  # noqa: BLE001 - every error becomes one line and a contract code
         return report(exc, debug=debug)
+    if code not in (EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_CANNOT_JUDGE):
+        print(f"cannot judge: the command ended with {code!r}, outside the exit-code contract", flush=True)
+        return EXIT_CANNOT_JUDGE
+    return code
 
 
 def worst(codes) -> int:

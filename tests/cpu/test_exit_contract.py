@@ -605,3 +605,10 @@ def test_report_write_failure_of_compare_and_bisect(tmp_path, monkeypatch):
         compare_cli._write_report(tmp_path / "r.json", {}, {})
     code, line = classify(ei.value)
     assert code == 125 and "--report" in line and "r.json" in line and "No space left" in line
+
+
+def test_a_return_value_outside_the_contract_cannot_judge(capsys):
+    from harness.exitcodes import run_guarded
+
+    assert run_guarded(lambda: None) == 125 and run_guarded(lambda: -9) == 125 and run_guarded(lambda: 1) == 1
+    assert capsys.readouterr().out.count("cannot judge:") == 2
