@@ -50,6 +50,11 @@ def one_line(text: str) -> str:
     return "; ".join(parts)
 
 
+def first_line(text) -> str:
+    """The first non-empty line of ``text`` (a crash message may carry a whole traceback)."""
+    return next((p.strip() for p in str(text).splitlines() if p.strip()), "")
+
+
 def _input_error_types() -> tuple[type, ...]:
     from reference.config import ConfigError
 
@@ -92,7 +97,7 @@ def classify(exc: BaseException) -> tuple[int, str]:
         return EXIT_MISMATCH, load_failure_line(exc)
     if isinstance(exc, CannotJudge) or _is_golden_problem(exc):
         return EXIT_CANNOT_JUDGE, f"cannot judge: {one_line(exc)}"
-    what = one_line(exc)
+    what = first_line(exc)
     return EXIT_CANNOT_JUDGE, (f"cannot judge: unexpected harness error: {exc.__class__.__name__}"
                                + (f": {what}" if what else "") + " (rerun with --debug for the traceback)")
 

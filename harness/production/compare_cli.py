@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, load_failure_line, one_line
+from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line
 from harness.report import write_report
 
 DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers")
@@ -117,7 +117,7 @@ def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
 
     if isinstance(exc, LoadAuditError):
         return None, EXIT_MISMATCH, f"{load_failure_line(exc)} ({what})"
-    return None, EXIT_CANNOT_JUDGE, f"cannot judge: {what} failed: {exc.__class__.__name__}: {one_line(exc)}"
+    return None, EXIT_CANNOT_JUDGE, f"cannot judge: {what} failed: {exc.__class__.__name__}: {first_line(exc)}"
 
 
 def _run(case):

@@ -356,6 +356,7 @@ def test_vllm_load_failure_is_a_bad_commit(argv, monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("DeepGEMM: no kernel for sm_90a\nsecond line"),
+                                 RuntimeError("TP=2 case c, rank 1: boom\nTraceback (most recent call last):\n  x"),
                                  ImportError("cannot import name 'HYV4MTP'"), KeyError("w13_weight")])
 @pytest.mark.parametrize("command", ["compare", "bisect-check"])
 def test_other_production_crash_cannot_be_judged(command, exc, monkeypatch, capsys):
