@@ -317,9 +317,8 @@ def synth_command(args) -> int:
                               scale_dtype=args.scale_dtype, indexer_wk_fp8=not args.bf16_indexer_wk,
                               index=not args.no_index, force=args.force)
     except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:
-        from harness.exitcodes import CLIError
-
-        raise CLIError(str(exc)) from exc
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except write_errors() as exc:  # disk full, I/O error: nothing was left behind (write_tensors)
         raise write_failure(args.out_dir, exc) from exc
     print(f"wrote {out} (preset {args.preset}, seed {args.seed}, naming {args.naming}, "

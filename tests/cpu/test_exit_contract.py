@@ -513,6 +513,13 @@ def test_disk_full_while_writing_leaves_nothing(failure, tmp_path, capsys, monke
     code, lines, text = _run(capsys, "synth", tmp_path / "ck" / "x", "--shards", "2")
     _assert_one_line(code, lines, text, 125, "cannot judge:", "write failed")
     assert list(tmp_path.iterdir()) == []
+    # an existing --out keeps its old content (the new one goes to a temp file first)
+    old = tmp_path / "old.safetensors"
+    old.write_bytes(b"previous trace")
+    before = _snapshot(tmp_path)
+    code, lines, text = _run(capsys, "reference", "preset:tiny", "--out", old, "--tokens", "2", "--steps", "1")
+    _assert_one_line(code, lines, text, 125, "cannot judge:", "old.safetensors")
+    assert _snapshot(tmp_path) == before
 
 
 def test_plot_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
