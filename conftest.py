@@ -8,6 +8,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from harness.goldens import ci_is_set
 from harness.runtime import cannot_run_production_reason
 
 settings.register_profile(
@@ -22,7 +23,7 @@ settings.register_profile("dev", max_examples=50, deadline=None, print_blob=True
 def pytest_addoption(parser):
     group = parser.getgroup("hyv4")
     group.addoption("--update-goldens", action="store_true",
-                    help="rewrite goldens/ from this run (fails the run so the diff is reviewed; refused when CI=true)")
+                    help="rewrite goldens/ from this run (fails the run so the diff is reviewed; refused when CI is set: true, 1, yes, ...)")
     group.addoption("--hyv4-checkpoint", metavar="PATH", default=None,
                     help="a real HY V4 checkpoint directory for the real_checkpoint tests")
     group.addoption("--hypothesis-profile-name", metavar="NAME", default=None,
@@ -30,8 +31,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if config.getoption("--update-goldens") and os.environ.get("CI", "").lower() == "true":
-        raise pytest.UsageError("--update-goldens is refused when CI=true: goldens are regenerated on purpose, by a person")
+    if config.getoption("--update-goldens") and ci_is_set():
+        raise pytest.UsageError(f"--update-goldens is refused when CI is set (CI={os.environ.get('CI')!r}): "
+                                "goldens are regenerated on purpose, by a person")
     profile = (config.getoption("--hypothesis-profile-name")
                or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
     settings.load_profile(profile)

@@ -1,7 +1,9 @@
 """``python -m harness <command>``: reference traces, synthetic checkpoints, comparisons.
 
-Exit codes follow git bisect: 0 good, 1 numeric mismatch, 125 cannot judge
-(no GPU, vLLM or kernel missing), 2 usage or input error.
+Exit codes (``harness.exitcodes``, the same for every command): 0 good,
+1 numeric mismatch or vLLM failed to load the checkpoint, 2 bad input (checked
+first, on any machine), 125 cannot judge (no GPU, vLLM or kernel missing, an
+unexpected error). Errors print one line; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -12,14 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_CANNOT_JUDGE = 0, 1, 2, 125
-
-
-from .atomic import atomic_write
-
-
-class CLIError(Exception):
-    """An input problem reported as one line, exit 2."""
+from .atomic import atomic_write, write_errors, write_failure
+from .exitcodes import (EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, CLIError,  # noqa: F401 - re-exported
+                        OneLineParser)
 
 
 def _load_case_inputs(args):
@@ -51,7 +48,9 @@ def cmd_reference(args) -> int:
     from reference import draft, flatten, make_case, numerics_by_name
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise CLIError("--device cuda: no CUDA device here")
+        from .exitcodes import CannotJudge
+
+        raise CannotJudge("--device cuda: no CUDA device here")
     if args.steps < 1 or args.requests < 1 or args.tokens < 1 or args.tp < 1:
         raise CLIError("--steps, --requests, --tokens and --tp must be >= 1")
     out = Path(args.out)
@@ -75,8 +74,8 @@ def cmd_reference(args) -> int:
             "steps": str(args.steps)}
     try:
         atomic_write(out, lambda tmp: save_file(flat, tmp, metadata=meta))
-    except OSError as exc:
-        raise CLIError(f"--out {out}: {exc.strerror or exc}") from exc
+    except write_errors() as exc:
+        raise write_failure(f"--out {out}", exc) from exc
     toks = result.tokens.tolist()
     print(f"reference: {len(flat)} tensors, {args.steps} step(s) x {args.requests} request(s), "
           f"{first.input_ids.numel()} step-0 tokens, dtype {args.dtype}, {dt:.2f}s, draft tokens {toks} -> {out}")
@@ -128,6 +127,15 @@ def cmd_main_job(args) -> int:
 def cmd_report(args) -> int:
     from .report import diff, format_table, plot, read_report
 
+    if args.plot:  # checked before anything is printed: a bad --plot is bad input
+        target = Path(args.plot)
+        if target.is_dir():
+            raise CLIError(f"--plot {target}: is a directory; give a .png file path")
+        if not target.parent.is_dir():
+            raise CLIError(f"--plot {target}: directory {target.parent} does not exist")
+    # a ratio of two errors: below 1 every error would count as moved, NaN/inf none
+    if not (1 <= args.factor < float("inf")):
+        raise CLIError(f"--factor {args.factor}: must be a finite number >= 1")
     try:
         a = read_report(args.a)
         b = read_report(args.b) if args.b else None
@@ -135,7 +143,10 @@ def cmd_report(args) -> int:
         raise CLIError(str(exc)) from exc
     print(format_table(a))
     if args.plot:
-        print(f"plot: {plot(a, args.plot)}")
+        try:
+            print(f"plot: {plot(a, args.plot)}")
+        except write_errors() as exc:
+            raise write_failure(f"--plot {args.plot}", exc) from exc
     if b is not None:
         moved = diff(a, b, args.factor)
         print(f"\n{len(moved)} component(s) moved between {args.a} and {args.b}:")
@@ -166,9 +177,10 @@ def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = OneLineParser(prog="python -m harness", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="print the traceback of an error (before its one line)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     r = sub.add_parser("reference", help="write the reference trace of a seeded case")
     r.add_argument("ckpt", metavar="CKPT_DIR", help="checkpoint directory, or preset:NAME for in-memory seeded weights")
@@ -191,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_synth_arguments(s)
         s.set_defaults(func=cmd_synth)
 
-    c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/125)")
+    c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/2/125)")
     _add_side_by_side_arguments(c)
     c.set_defaults(func=cmd_compare)
 
@@ -202,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--factor", type=float, default=2.0, help="report max_abs changes larger than this ratio")
     rp.set_defaults(func=cmd_report)
 
-    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch, 125 cannot judge")
+    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch or load failure, 2 bad input, 125 cannot judge")
     b.add_argument("--case", action="append", default=None, metavar="ID")
     b.add_argument("--report", default=None)
     b.add_argument("--plant", default=None, metavar="MUTANT",
@@ -222,22 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except CLIError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as exc:  # noqa: BLE001 - one line, no traceback soup
-        from reference import ConfigError
+    """Run one command; every error is one line and a contract exit code (``harness.exitcodes``)."""
+    from .exitcodes import run_guarded
 
-        known = [ConfigError]
-        try:
-            from .checkpoint.errors import CheckpointError
-            known.append(CheckpointError)
-        except ImportError:
-            pass
-        if isinstance(exc, tuple(known)):
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        raise
+    args = build_parser().parse_args(argv)
+    return run_guarded(args.func, args, debug=args.debug)

@@ -39,14 +39,17 @@ def record_case(case_id: str) -> None:
 
 
 def check_reference_goldens(verbose: bool = False) -> int:
-    """0 when every golden case matches, 1 on a mismatch or a missing/corrupt golden."""
+    """0 when every golden case matches, 1 on a mismatch, else 125 when a golden is missing or
+    corrupt (no verdict on that case: ``harness.exitcodes``)."""
+    from .exitcodes import EXIT_CANNOT_JUDGE, worst
+
     status = 0
     for cid in GOLDEN_CASES:
         try:
             rep = check_case(cid)
         except goldens.GoldenError as exc:
-            print(f"FAIL {cid}: {exc}")
-            status = 1
+            print(f"cannot judge {cid}: {exc}")
+            status = worst([status, EXIT_CANNOT_JUDGE])
             continue
         bad = rep.first_divergent
         ok = bad is None and "key_set_differs" not in rep.meta
@@ -54,5 +57,5 @@ def check_reference_goldens(verbose: bool = False) -> int:
               + ("" if ok else f"; first divergent {bad.name if bad else rep.meta.get('key_set_differs')}"))
         if verbose and not ok:
             print(rep.table())
-        status |= 0 if ok else 1
+        status = worst([status, 0 if ok else 1])
     return status

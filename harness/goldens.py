@@ -26,6 +26,16 @@ MANIFEST = "manifest.json"
 HARNESS_VERSION = "0.1.0"
 
 
+def ci_is_set(environ=None) -> bool:
+    """Whether ``CI`` says this is a CI run (where ``--update-goldens`` is refused).
+
+    Any non-empty value except an explicit no (0/false/no/off, any case) counts:
+    CI systems set ``true``, ``1`` or ``yes``, and an unknown value errs on the
+    side of not rewriting goldens."""
+    value = (os.environ if environ is None else environ).get("CI", "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
 class GoldenError(RuntimeError):
     """A golden is missing, corrupt or does not match its manifest."""
 
@@ -47,13 +57,18 @@ def _compact(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def read_manifest(root: Path = ROOT) -> dict:
+    """The manifest (``{"cases": {kind/case_id: entry}}``); GoldenError naming it when malformed."""
     path = root / MANIFEST
     if not path.exists():
         return {"cases": {}}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise GoldenError(f"{path}: not valid JSON ({exc})") from exc
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GoldenError(f"{path}: not a readable JSON manifest ({exc})") from exc
+    cases = doc.get("cases") if isinstance(doc, dict) else None
+    if not isinstance(cases, dict) or not all(isinstance(e, dict) for e in cases.values()):
+        raise GoldenError(f"{path}: not a goldens manifest (needs \"cases\": an object of case entries)")
+    return doc
 
 
 def write(kind: str, case_id: str, trace: dict, meta: dict, root: Path = ROOT) -> Path:
@@ -82,7 +97,7 @@ def load(kind: str, case_id: str, root: Path = ROOT) -> tuple[dict, dict]:
         raise GoldenError(f"golden file {path} is missing (listed in the manifest)")
     digest = _sha256(path)
     if digest != entry.get("sha256"):
-        raise GoldenError(f"golden file {path} is corrupt or edited: sha256 {digest[:12]} != manifest {str(entry.get('sha256'))[:12]}")
+        raise GoldenError(f"golden file {path} is corrupt or edited: sha256 {digest} != manifest {entry.get('sha256')}")
     try:
         tensors = load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types

@@ -911,23 +911,29 @@ def run_catalogue(mutants: list[Mutant], *, report: str | None = None, control: 
 
 
 def mutants_command(args) -> int:
+    """Exit codes are ``harness.exitcodes``'s: 0 every selected mutant detected, 1 one missed,
+    2 bad arguments (checked first), 125 production cannot run here."""
+    from harness import runtime
+    from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
+
     if args.list:
         print(format_list())
-        return 0
-    from harness import runtime
-
+        return EXIT_OK
     try:
         chosen = select(args.only)
     except KeyError as exc:
-        print(f"error: {exc.args[0]}")
-        return 2
+        raise CLIError(exc.args[0]) from exc
+    if args.budget_s is not None and not (0 < args.budget_s < float("inf")):
+        raise CLIError(f"--budget-s {args.budget_s}: must be a finite number of seconds > 0")
+    if args.report and os.path.isdir(args.report):
+        raise CLIError(f"--report {args.report}: is a directory; give a .json file path")
     reason = runtime.cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")
-        return 125
+        return EXIT_CANNOT_JUDGE
     out = run_catalogue(chosen, report=args.report, control=not args.no_control,
                         log=lambda s: print(s, flush=True), budget_s=args.budget_s)
-    return 0 if out["summary"]["detected"] == out["summary"]["selected"] else 1
+    return EXIT_OK if out["summary"]["detected"] == out["summary"]["selected"] else EXIT_MISMATCH
 
 
 def add_arguments(p) -> None:

@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from .atomic import atomic_write_json
+from .atomic import atomic_write, atomic_write_json
 from .compare import COMPONENTS, Report
 
 
@@ -19,18 +19,42 @@ def write_report(path: str | Path, reports: dict[str, Report], meta: dict | None
     return atomic_write_json(path, doc, sort_keys=True)
 
 
+# what format_table / diff / plot read from each component of a report
+_COMPONENT_FIELDS = {"name": (str,), "passed": (bool,), "max_abs": (int, float), "max_rel": (int, float),
+                     "similarity_gap": (int, float)}
+
+
 def read_report(path: str | Path) -> dict:
+    """The report at ``path``; ValueError naming the file (and the case/component/field) otherwise."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a JSON report")
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise ValueError(f"{path}: no such report") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the report: {getattr(exc, 'strerror', None) or exc}") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not a JSON report ({exc})") from exc
     cases = doc.get("cases") if isinstance(doc, dict) else None
     if not isinstance(cases, dict) or not all(
             isinstance(c, dict) and isinstance(c.get("components"), list) for c in cases.values()):
         raise ValueError(f"{path}: not a harness report ('cases' must map case ids to reports with 'components')")
+    for cid, rep in cases.items():
+        for j, c in enumerate(rep["components"]):
+            if not isinstance(c, dict):
+                raise ValueError(f"{path}: case {cid!r} component {j}: not an object")
+            for field, types in _COMPONENT_FIELDS.items():
+                v = c.get(field)
+                if not isinstance(v, types) or (bool in types) != isinstance(v, bool):
+                    raise ValueError(f"{path}: case {cid!r} component {c.get('name', j)!r}: field {field!r} "
+                                     f"is {v!r}, expected {' or '.join(t.__name__ for t in types)}")
+            tol = c.get("tolerance")
+            if tol is not None and not (isinstance(tol, dict) and all(
+                    isinstance(tol.get(k, 0), (int, float)) and not isinstance(tol.get(k, 0), bool)
+                    for k in ("atol", "rtol"))):
+                raise ValueError(f"{path}: case {cid!r} component {c['name']!r}: field 'tolerance' is {tol!r}")
     return doc
 
 
@@ -103,6 +127,8 @@ def plot(doc: dict, png: str | Path) -> Path:
     ax.legend()
     fig.tight_layout()
     png = Path(png)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    try:
+        atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
     return png

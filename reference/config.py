@@ -135,6 +135,9 @@ class MTPConfig:
     @classmethod
     def from_hf_dict(cls, hf: dict, **overrides: Any) -> "MTPConfig":
         """Build from a HY V4 ``config.json`` dict (HYV4Config defaults apply)."""
+        from .config_checks import validate_hf_config
+
+        validate_hf_config(hf)  # types, ranges, NaN: what vLLM would refuse or misread, by key
         d = {f.name: f.default for f in dataclasses.fields(cls)}
         for key in d:
             if key in hf and key not in ("rope",):

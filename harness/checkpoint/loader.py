@@ -3,7 +3,11 @@
 ``load_checkpoint(dir)`` reads ``config.json`` and ``model.safetensors.index.json``
 (or a single ``model.safetensors``), opens only the shards that hold MTP
 tensors, the embedding and the LM head, and reads those tensors one by one
-(``safe_open`` + ``get_tensor``): backbone tensors are never read. Both namings
+(``safe_open`` + ``get_tensor``): backbone tensors are never read. The header
+of every shard the index lists is parsed (a few KB each): a tensor held by two
+shards, an MTP tensor a shard holds but the index does not list (vLLM reads
+every tensor of every listed shard, so it would load those too) and a shard
+shorter than its header says are refused before anything is read. Both namings
 (``model.mtp_layers.<i>`` / ``model.layers.<N+i>``), both routed-expert layouts
 (split / fused) and block FP8 (float32 scales, UE8M0 as uint8 bytes, e8m0 or
 power-of-two float32, expert ``.scale`` names) are accepted; FP8 is dequantized
@@ -148,8 +152,11 @@ def _load_json(path: Path, what: str):
         raise CheckpointError(path, None, f"cannot read {what}: {exc}") from exc
 
 
-def _locate(root: Path) -> tuple[dict[str, str], Path | None]:
-    """tensor name -> shard file name, and the index path (None for a single file)."""
+def _locate(root: Path, num_hidden_layers: int | None = None) -> tuple[dict[str, str], Path | None]:
+    """tensor name -> shard file name, and the index path (None for a single file).
+
+    With ``num_hidden_layers`` the shard headers are checked against the index
+    (``_check_shard_headers``)."""
     idx = root / INDEX
     if idx.is_file():
         data = _load_json(idx, "the index")
@@ -159,6 +166,8 @@ def _locate(root: Path) -> tuple[dict[str, str], Path | None]:
         for name, fname in wm.items():
             if "/" in fname or fname.startswith("."):
                 raise CheckpointError(idx, name, f"maps to {fname!r}, outside the checkpoint directory")
+        if num_hidden_layers is not None:
+            _check_shard_headers(root, wm, idx, num_hidden_layers)
         return dict(wm), idx
     single = root / SINGLE
     if single.is_file():
@@ -172,6 +181,53 @@ def _locate(root: Path) -> tuple[dict[str, str], Path | None]:
                                   f"(truncated or corrupt header): {exc}") from exc
         return {k: SINGLE for k in keys}, None
     raise CheckpointError(root, None, f"no {INDEX} and no {SINGLE}")
+
+
+def _shard_header(path: Path) -> dict:
+    """The JSON header of the safetensors file at ``path``, after checking the file holds
+    all the data the header describes (a truncated shard fails here, naming a tensor)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise CheckpointError(path, None, "not a readable safetensors file (truncated or corrupt header: "
+                                  f"header length {n}, file size {size})")
+        try:
+            hdr = json.loads(fh.read(n))
+            spans = {k: (int(v["data_offsets"][0]), int(v["data_offsets"][1]))
+                     for k, v in hdr.items() if k != "__metadata__"}
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise CheckpointError(path, None, f"not a readable safetensors file (corrupt header: {exc})") from exc
+    data = size - 8 - n
+    for name, (_, end) in sorted(spans.items(), key=lambda kv: -kv[1][1]):
+        if end > data:
+            raise CheckpointError(path, name, f"truncated or corrupt file: the tensor's data ends at byte {end} "
+                                  f"of the data section, which holds {data} bytes")
+        break
+    return spans
+
+
+def _check_shard_headers(root: Path, weight_map: dict[str, str], index_file: Path, num_hidden_layers: int) -> None:
+    """Every listed shard's header against the index: no tensor in two shards, no MTP or shared
+    tensor outside the index, no truncated shard. Shards that do not exist are skipped here
+    (a backbone-only shard may be left out; an MTP tensor mapped to a missing file is reported
+    when it is read)."""
+    holders: dict[str, list[str]] = {}
+    for fname in sorted(set(weight_map.values())):
+        path = root / fname
+        if not path.is_file():
+            continue
+        for name in _shard_header(path):
+            holders.setdefault(name, []).append(fname)
+    for name, files in sorted(holders.items()):
+        if len(files) > 1:
+            raise CheckpointError(root / files[1], name, f"duplicated: {files[0]} holds a tensor of the same name "
+                                  f"(the index maps it to {weight_map.get(name)}; vLLM reads every tensor of "
+                                  "every shard and would load both)")
+        if name not in weight_map and (name in SHARED or parse_layer_name(name, num_hidden_layers) is not None):
+            raise CheckpointError(root / files[0], name, f"in this shard but not in {INDEX}: vLLM reads every "
+                                  "tensor of every listed shard and would load it, the harness would not")
 
 
 def _dt(d) -> str:
@@ -253,7 +309,7 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
         raise CheckpointError(cfg_path, None, str(exc)) from exc
     model_dtype = _DTYPES.get(str(hf.get("torch_dtype", hf.get("dtype", "bfloat16"))), torch.bfloat16)
 
-    where, index_file = _locate(root)
+    where, index_file = _locate(root, cfg.num_hidden_layers)
     rd = _Reader(root, where, index_file)
     rd.model_dtype = model_dtype
     listing = index_file or root / SINGLE

@@ -28,6 +28,8 @@ from safetensors.torch import save_file
 from reference.config import ConfigError, MTPConfig
 from reference.weights import check_weights, is_fp32_param, random_weights
 
+from harness.atomic import write_errors, write_failure
+
 from .errors import CheckpointError
 from .names import EXPERT_LAYOUTS, NAMINGS, canonical_leaf, parse_layer_name, to_checkpoint
 from .quant import (DEFAULT_BLOCK, QUANTS, SCALE_DTYPES, encode_scale, quantization_config,
@@ -200,6 +202,8 @@ def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch
         raise ValueError(f"shards must be >= 1, got {shards}")
     if not index and shards != 1:
         raise ValueError("a checkpoint without an index has exactly one shard")
+    if index and shards > len(tensors):  # every shard holds at least one tensor: no empty shard files
+        raise ValueError(f"--shards {shards}: more shards than the {len(tensors)} tensors to write")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -207,16 +211,17 @@ def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # removed again on failure
     tmp.mkdir(parents=True)
     try:
         names = sorted(tensors)
         files = _shard_names(shards) if index else ["model.safetensors"]
         buckets: list[dict[str, torch.Tensor]] = [{} for _ in files]
-        # contiguous runs of sorted names, so a layer's tensors sit together
-        per = -(-len(names) // len(files))
+        # contiguous runs of sorted names, so a layer's tensors sit together; the
+        # runs differ by at most one tensor, so no shard is empty
         weight_map = {}
         for j, name in enumerate(names):
-            k = min(j // per, len(files) - 1)
+            k = j * len(files) // len(names)
             buckets[k][name] = tensors[name].contiguous()
             weight_map[name] = files[k]
         total = 0
@@ -236,6 +241,11 @@ def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch
             os.replace(tmp, out)  # an empty directory is replaced too
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for d in created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                break
         raise
     return out
 
@@ -309,6 +319,8 @@ def synth_command(args) -> int:
     except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except write_errors() as exc:  # disk full, I/O error: nothing was left behind (write_tensors)
+        raise write_failure(args.out_dir, exc) from exc
     print(f"wrote {out} (preset {args.preset}, seed {args.seed}, naming {args.naming}, "
           f"experts {args.experts}, quant {args.quant}, {args.shards} shard(s))")
     return 0

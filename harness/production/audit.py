@@ -12,7 +12,15 @@ import torch
 
 
 class LoadAuditError(AssertionError):
-    """The loaded production model has a parameter no checkpoint value reached."""
+    """The loaded production model has a parameter no checkpoint value reached.
+
+    ``problems``: one ``<parameter>: <problem>`` string each (``harness.exitcodes``
+    prints the first ones on the command's one line; exit 1, a bad vLLM commit).
+    """
+
+    def __init__(self, problems):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("production post-load audit failed:\n  " + "\n  ".join(self.problems))
 
 
 def audit_loaded_model(model, loaded: set[str], pre_process_params: dict, warnings: list[str]) -> list[str]:
@@ -49,4 +57,4 @@ def audit_loaded_model(model, loaded: set[str], pre_process_params: dict, warnin
 def check_loaded_model(model, loaded, pre_process_params, warnings) -> None:
     problems = audit_loaded_model(model, loaded, pre_process_params, warnings)
     if problems:
-        raise LoadAuditError("production post-load audit failed:\n  " + "\n  ".join(problems))
+        raise LoadAuditError(problems)

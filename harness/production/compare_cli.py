@@ -6,13 +6,17 @@ against TP = 1) -> per-component table, optional JSON report; exit 0 / 1.
 bisect-check: a small default set of side-by-side cases plus the production
 goldens recorded for this platform -> exit 0 (good) / 1 (mismatch) / 125
 (cannot judge: the production path does not build here).
+
+Exit codes are ``harness.exitcodes``'s: a checkpoint directory is validated
+by the loader before any GPU question (exit 2), and vLLM leaving a parameter
+unloaded (``LoadAuditError``) is a bad commit (exit 1, naming the parameter).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from harness.cli import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
+from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line
 from harness.report import write_report
 
 # Together these exercise every regime of harness/regimes.py above its threshold
@@ -40,10 +44,14 @@ def _case_for(args):
         if not os.path.isfile(os.path.join(ckpt, "config.json")):
             raise CLIError(f"{ckpt}: not a checkpoint directory (no config.json)")
         path = os.path.abspath(ckpt)
+        # the whole checkpoint through the loader (config, index, every MTP tensor's
+        # name, shape, dtype, finiteness, scales, duplicates across shards) before
+        # any GPU question: a bad checkpoint is bad input (exit 2) on any machine
+        loaded = _validated_checkpoint(path)
         case = GpuCase(f"ckpt-{os.path.basename(path.rstrip(os.sep))}-seed{args.seed}", ckpt_dir=path,
                        seed=args.seed, steps=args.steps, requests=2, tokens=160)
         try:
-            case = dataclasses.replace(case, quant=quant_of_config(case.hf_config()))
+            case = dataclasses.replace(case, quant=quant_of_config(loaded.hf_config))
         except (OSError, ValueError) as exc:
             raise CLIError(f"{ckpt}/config.json: {exc}") from exc
     elif ckpt in GPU_CASES:
@@ -76,8 +84,26 @@ def _engine_cases():
     return ENGINE_CASES
 
 
+def _validated_checkpoint(path: str):
+    """``load_checkpoint(path)``, once per directory and process (its CheckpointError is exit 2)."""
+    from harness.checkpoint.loader import load_checkpoint
+
+    if _VALIDATED.get("path") != path:
+        _VALIDATED.clear()
+        _VALIDATED.update(path=path, loaded=load_checkpoint(path))
+    return _VALIDATED["loaded"]
+
+
+_VALIDATED: dict = {}
+
+
 def validate_args(command: str, args) -> None:
     """CLIError (exit 2) for arguments no machine could run, before asking for a GPU."""
+    import os
+
+    report = getattr(args, "report", None)
+    if report and os.path.isdir(report):
+        raise CLIError(f"--report {report}: is a directory; give a .json file path")
     if command == "compare_command":
         if getattr(args, "tp", 1) < 1:
             raise CLIError("--tp must be >= 1")
@@ -98,43 +124,54 @@ def validate_args(command: str, args) -> None:
                 raise CLIError(f"--plant {plant}: unknown mutant; known: {', '.join(BY_NAME)}")
 
 
-def _run(case, plant: str | None = None):
-    """(result, None), or (None, reason) when production could not run the case.
+def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
+    """(None, exit code, one line) for an exception while vLLM built, loaded or ran a case.
 
-    A crash while building, loading or running vLLM (a missing kernel, a
-    refused config, a JIT failure) means "cannot judge" (exit 125), never
-    "numeric mismatch": git bisect then skips the commit instead of blaming it.
-    ``plant``: a mutant of harness/mutants.py applied after loading (a case it
-    does not apply to runs pristine).
+    vLLM leaving a parameter unloaded (the post-load audit's ``LoadAuditError``)
+    is a bad commit: exit 1, naming the parameter. Any other crash while
+    building, loading or running vLLM (a missing kernel, a refused config, a
+    JIT failure) means "cannot judge" (exit 125), never "numeric mismatch":
+    git bisect then skips the commit instead of blaming it.
     """
+    from .audit import LoadAuditError
+
+    if isinstance(exc, LoadAuditError):
+        return None, EXIT_MISMATCH, f"{load_failure_line(exc)} ({what})"
+    return None, EXIT_CANNOT_JUDGE, f"cannot judge: {what} failed: {exc.__class__.__name__}: {first_line(exc)}"
+
+
+def _run(case, plant: str | None = None):
+    """(result, EXIT_OK, ""), or (None, code, one line) when production failed on the case (``_failure``).
+
+    ``plant``: a mutant of harness/mutants.py applied after loading (a case it
+    does not apply to runs pristine)."""
     from .side_by_side import run_case
 
     try:
         if plant is not None:
             from harness.mutants import MutantNotApplicable, run_planted
             try:
-                return run_planted(case, plant), None
+                return run_planted(case, plant), EXIT_OK, ""
             except MutantNotApplicable:
                 pass
-        return run_case(case), None
+        return run_case(case), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
-        return None, f"production run of {case.id} failed: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return _failure(f"production run of {case.id}", exc)
 
 
 def _run_tp(case, tp: int):
-    """(run_case_tp result, None) or (None, reason): ``case`` at TP = ``tp`` on ``tp`` GPUs."""
+    """(run_case_tp result, EXIT_OK, "") or (None, code, one line): ``case`` at TP = ``tp`` on ``tp`` GPUs."""
     import torch
 
     from .multigpu import TPWorkers, run_case_tp
 
     if torch.cuda.device_count() < tp:
-        return None, f"--tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
+        return None, EXIT_CANNOT_JUDGE, f"cannot judge: --tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
     try:
         with TPWorkers(tp) as workers:
-            return run_case_tp(workers, case), None
+            return run_case_tp(workers, case), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
-        return None, f"TP={tp} production run of {case.id} failed: {exc.__class__.__name__}: " \
-                     f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        return _failure(f"TP={tp} production run of {case.id}", exc)
 
 
 def compare_command(args) -> int:
@@ -146,21 +183,21 @@ def compare_command(args) -> int:
         engine, verdict = run_engine_cases([case])
         if args.report:
             from .side_by_side import versions
-            write_report(args.report, {}, {"versions": versions(), "engine": engine})
+            _write_report(args.report, {}, {"versions": versions(), "engine": engine})
         return verdict
     if tp > 1:
-        res, reason = _run_tp(case, tp)
-        if reason:
-            print(f"cannot judge: {reason}")
-            return EXIT_CANNOT_JUDGE
+        res, code, line = _run_tp(case, tp)
+        if res is None:
+            print(line)
+            return code
         result, vs = res["tpn"], res["tp_vs_tp1"]
         result["_report"].meta.update(tp=tp, merge_rules=res["rules"])
     else:
-        result, reason = _run(case)
+        result, code, line = _run(case)
         vs = None
-        if reason:
-            print(f"cannot judge: {reason}")
-            return EXIT_CANNOT_JUDGE
+        if result is None:
+            print(line)
+            return code
     from .side_by_side import format_rows, versions
 
     print(format_rows(result))
@@ -171,9 +208,19 @@ def compare_command(args) -> int:
         reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
     if args.report:
         result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case))
-        write_report(args.report, reports, {"versions": versions()})
+        _write_report(args.report, reports, {"versions": versions()})
         print(f"report: {args.report}")
     return EXIT_OK if result["passed"] and (vs is None or vs.passed) else EXIT_MISMATCH
+
+
+def _write_report(path, reports, meta) -> None:
+    """``write_report``; a failed write is one line (a bad path: 2, a full disk: 125), nothing left behind."""
+    from harness.atomic import write_errors, write_failure
+
+    try:
+        write_report(path, reports, meta)
+    except write_errors() as exc:
+        raise write_failure(f"--report {path}", exc) from exc
 
 
 def bisect_command(args) -> int:
@@ -192,10 +239,10 @@ def bisect_command(args) -> int:
     engine, verdict = run_engine_cases(engine_ids)
     reports, regime_values = {}, {}
     for cid in ids:
-        result, reason = _run(GPU_CASES[cid], getattr(args, "plant", None))
-        if reason:
-            print(f"cannot judge: {reason}")
-            return worst(verdict, EXIT_CANNOT_JUDGE)
+        result, code, line = _run(GPU_CASES[cid], getattr(args, "plant", None))
+        if result is None:  # a load failure is a bad commit (1), any other crash cannot judge (125)
+            print(line)
+            return worst(verdict, code)
         reports[f"side-by-side/{cid}"] = result["_report"]
         result["_report"].meta["regimes"] = result["regimes"]
         regime_values[cid] = result["regimes"]
@@ -217,8 +264,8 @@ def bisect_command(args) -> int:
     if missing:  # a harness weakness, not a vLLM verdict: reported, the exit code stays vLLM's
         print(f"warning: no case of this run exercises the regime(s) {missing} (harness/regimes.py)")
     if args.report:
-        write_report(args.report, reports, {"versions": versions(), "engine": engine, "regimes": regime_values,
-                                            "regime_coverage": coverage(regime_values)})
+        _write_report(args.report, reports, {"versions": versions(), "engine": engine, "regimes": regime_values,
+                                             "regime_coverage": coverage(regime_values)})
     return verdict
 
 

@@ -1,6 +1,6 @@
 """Engine level: ``vllm.LLM`` with MTP speculative decoding, its draft tokens checked against the reference.
 
-    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 125
+    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
     python -m harness.production.engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
 
 Each run also saves its recording under --out (``engine_calls_<case>.safetensors`` +
@@ -63,6 +63,7 @@ import traceback
 import torch
 
 from harness.atomic import atomic_write_json
+from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK
 
 from . import audit, build, capture
 from .checkpoint_cast import cast_for_vllm
@@ -762,7 +763,11 @@ def verdict_problems(rep: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Exit codes are ``harness.exitcodes``'s; an error is one line (``--debug``: with its traceback)."""
+    from harness.exitcodes import OneLineParser, run_guarded
+
+    ap = OneLineParser(prog="python -m harness.production.engine", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", choices=sorted(ENGINE_CASES),
                     help="case id (default: all)")
     ap.add_argument("--out", default=None, help="directory for engine_mtp_<case>.json (default $HYV4_REPORT_DIR)")
@@ -772,33 +777,59 @@ def main(argv=None) -> int:
     ap.add_argument("--mutant", default=os.environ.get("HYV4_SPECULATOR_MUTANT") or None,
                     help="plant one of harness.production.speculator_mutants.MUTANTS in vLLM's speculator "
                          "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT")
+    ap.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     args = ap.parse_args(argv)
+    return run_guarded(_main, args, debug=args.debug)
+
+
+def _check_out_dir(out: str | None) -> None:
+    from harness.exitcodes import CLIError
+
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out {out}: exists and is not a directory")
+
+
+def _case_failed(title: str, exc: Exception, debug: bool) -> tuple[dict, int]:
+    """(report, exit code) of a case that raised: one line (the traceback goes to the report)."""
+    from harness.exitcodes import classify
+
+    code, line = classify(exc)
+    if debug:
+        traceback.print_exception(exc)
+    print(f"== {title}: ERROR {line}", flush=True)
+    return {"case": title, "error": traceback.format_exc(), "exit_code": code}, code
+
+
+def _main(args) -> int:
+    _check_out_dir(args.out)
     if args.mutant:
+        from harness.exitcodes import CLIError
+
         from .speculator_mutants import MUTANTS
         if args.mutant not in MUTANTS:
-            print(f"unknown speculator mutant {args.mutant!r}; known: {', '.join(MUTANTS)}")
-            return 2
+            raise CLIError(f"--mutant {args.mutant}: unknown speculator mutant; known: {', '.join(MUTANTS)}")
     if args.rejudge:
-        return rejudge_dir(args.rejudge, args.case, args.out)
+        return rejudge_dir(args.rejudge, args.case, args.out, debug=args.debug)
     from harness.runtime import cannot_run_production_reason
 
     reason = cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")
-        return 125
+        return EXIT_CANNOT_JUDGE
     out = args.out or os.environ.get("HYV4_REPORT_DIR")
+    _check_out_dir(out)
     ids = args.case or list(ENGINE_CASES)
     if len(ids) > 1:  # one engine per process: vLLM's distributed state and GPU memory are per process
         return worst_exit_code([subprocess.call([sys.executable, "-m", "harness.production.engine", "--case", cid]
                                                 + (["--out", out] if out else [])
+                                                + (["--debug"] if args.debug else [])
                                                 + (["--mutant", args.mutant] if args.mutant else [])) for cid in ids])
     codes = []
     for cid in ids:
         try:
             rep = run_case(ENGINE_CASES[cid], out=out, mutant=args.mutant)
-        except Exception:  # noqa: BLE001 - a crash in vLLM: cannot judge
-            print(f"== {cid}: ERROR\n{traceback.format_exc()}", flush=True)
-            rep, code = {"case": cid, "error": traceback.format_exc()}, 125
+        except Exception as exc:  # noqa: BLE001 - a crash in vLLM: cannot judge (a load failure: 1)
+            rep, code = _case_failed(cid, exc, args.debug)
         else:
             code = _print_verdict(cid, rep)
         codes.append(code)
@@ -841,23 +872,26 @@ def rejudge(stem: str, *, log=print) -> dict:
     return rep
 
 
-def rejudge_dir(src: str, case_ids, out: str | None) -> int:
+def rejudge_dir(src: str, case_ids, out: str | None, *, debug: bool = False) -> int:
     import glob
 
+    from harness.exitcodes import CLIError
+
+    if not os.path.isdir(src):
+        raise CLIError(f"--rejudge {src}: not a directory")
     stems = sorted(p[: -len(".json")] for p in glob.glob(os.path.join(src, "engine_calls_*.json")))
     if case_ids:
         stems = [s for s in stems if os.path.basename(s)[len("engine_calls_"):] in case_ids]
     if not stems:
         print(f"cannot judge: no engine_calls_<case>.json in {src}")
-        return 125
+        return EXIT_CANNOT_JUDGE
     codes = []
     for stem in stems:
         cid = os.path.basename(stem)[len("engine_calls_"):]
         try:
             rep = rejudge(stem)
-        except Exception:  # noqa: BLE001 - an unreadable recording: cannot judge
-            print(f"== {cid} (rejudge): ERROR\n{traceback.format_exc()}", flush=True)
-            rep, code = {"case": cid, "error": traceback.format_exc()}, 125
+        except Exception as exc:  # noqa: BLE001 - an unreadable recording: cannot judge
+            rep, code = _case_failed(f"{cid} (rejudge)", exc, debug)
         else:
             code = _print_verdict(f"{cid} (rejudge)", rep)
         codes.append(code)
@@ -884,13 +918,14 @@ def _print_verdict(title: str, rep: dict) -> int:
     print("   replay errors:", rep["replay_errors"][:3], "tap errors:", [e[-300:] for e in rep["tap_errors"][:2]])
     print("   sharing:", json.dumps(rep.get("sharing")), "facts:", json.dumps(rep["facts"]))
     print("   timing:", {k: round(v, 1) for k, v in rep["timing_s"].items()}, flush=True)
-    return 1 if problems else 0
+    return EXIT_MISMATCH if problems else EXIT_OK
 
 
 def worst_exit_code(codes) -> int:
-    """1 if any case mismatched, else 125 if any could not be judged, else 0."""
-    codes = list(codes)
-    return 1 if 1 in codes else (125 if any(codes) else 0)
+    """2 if any input was bad, else 1 if any case mismatched, else 125 if any could not be judged, else 0."""
+    from harness.exitcodes import worst
+
+    return worst(codes)
 
 
 if __name__ == "__main__":

@@ -83,8 +83,12 @@ def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
             del sess
             torch.cuda.empty_cache()
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+            from harness.production.audit import LoadAuditError
+
             results.put((rank, job_id, {"ok": False, "error": f"{exc.__class__.__name__}: {exc}",
-                                      "traceback": traceback.format_exc()}))
+                                      "traceback": traceback.format_exc(),
+                                      "audit_problems": list(exc.problems) if isinstance(exc, LoadAuditError)
+                                      else None}))
 
 
 class TPWorkerError(RuntimeError):
@@ -155,6 +159,10 @@ class TPWorkers:
             if job_id == job:
                 got[rank] = info
         for r in range(self.tp):
+            if not got[r]["ok"] and got[r].get("audit_problems"):  # vLLM's load failed: a bad commit (exit 1)
+                from harness.production.audit import LoadAuditError
+
+                raise LoadAuditError([f"rank {r}: {p}" for p in got[r]["audit_problems"]])
             if not got[r]["ok"]:
                 raise TPWorkerError(f"TP={self.tp} case {case.id}, rank {r}: {got[r]['error']}\n"
                                     f"{got[r]['traceback']}")

@@ -91,8 +91,7 @@ class ProductionSession:
         self.audit_problems = audit.audit_loaded_model(self.model, loaded, pre, warnings)
         self.loaded = True
         if strict and self.audit_problems:
-            raise audit.LoadAuditError("production post-load audit failed:\n  "
-                                       + "\n  ".join(self.audit_problems))
+            raise audit.LoadAuditError(self.audit_problems)
         return self.audit_problems
 
     # ---- running -------------------------------------------------------------

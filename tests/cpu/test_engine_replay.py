@@ -324,7 +324,9 @@ def test_recording_round_trip_and_rejudge(tmp_path):
     out = tmp_path / "out"
     assert main(["--rejudge", str(tmp_path / "rec"), "--out", str(out)]) == 1
     assert (out / f"engine_mtp_{case.id}.rejudge.json").exists()
-    assert main(["--rejudge", str(tmp_path / "nothing")]) == 125
+    assert main(["--rejudge", str(tmp_path / "nothing")]) == 2  # no such directory: bad input
+    (tmp_path / "empty").mkdir()
+    assert main(["--rejudge", str(tmp_path / "empty")]) == 125  # no recording in it: nothing to judge
 
 
 def test_derived_weights_are_exempt_only_when_verified():
