@@ -4,9 +4,12 @@ For a vector x of even size d at position p, pairs (x[2i], x[2i+1]) rotate
 by the angle p * f_i:
     x'[2i]   = x[2i] cos(p f_i) - x[2i+1] sin(p f_i)
     x'[2i+1] = x[2i+1] cos(p f_i) + x[2i] sin(p f_i)
-with f_i = theta^(-2i/d) (default) or the YaRN blend of interpolated and
-extrapolated frequencies. YaRN variants scale cos and sin by an attention
-magnitude ``mscale`` (so |x'| = mscale |x|).
+with f_i = theta^(-2i/r) (default) or the YaRN blend of interpolated and
+extrapolated frequencies, for the first r = ``RopeConfig.rotary_dim(d)``
+entries (vLLM's ``rope_dim`` / ``partial_rotary_factor``); entries r.. pass
+through unrotated. YaRN variants scale cos and sin by an attention magnitude
+``mscale`` (so |x'| = mscale |x| on the rotated entries), read per rope type
+as vLLM 0.33's RoPE classes read it (see ``mscale``).
 
 HF transformers' hy_v4 applies the same rotation to de-interleaved halves
 (rotate_half on a permuted copy); vLLM 0.33 rotates the interleaved pairs
@@ -23,7 +26,7 @@ from .config import RopeConfig, yarn_get_mscale
 
 
 def inv_freq(cfg: RopeConfig, dim: int) -> torch.Tensor:
-    """f_i for i in [0, dim/2), float64."""
+    """f_i for i in [0, dim/2), float64; ``dim`` is the rotary width."""
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
     pos_freqs = cfg.theta ** exponents
     if cfg.rope_type == "default":
@@ -31,7 +34,8 @@ def inv_freq(cfg: RopeConfig, dim: int) -> torch.Tensor:
     extrapolation = 1.0 / pos_freqs
     interpolation = 1.0 / (cfg.factor * pos_freqs)
     low, high = _yarn_correction_range(cfg.beta_fast, cfg.beta_slow, dim, cfg.theta,
-                                       cfg.original_max_position)
+                                       cfg.original_max_position,
+                                       truncate=cfg.truncate or cfg.rope_type != "yarn")
     ramp = _linear_ramp(low, high, dim // 2)
     extrapolation_factor = 1.0
     mask = (1 - ramp) * extrapolation_factor
@@ -39,33 +43,49 @@ def inv_freq(cfg: RopeConfig, dim: int) -> torch.Tensor:
 
 
 def mscale(cfg: RopeConfig) -> float:
-    """Magnitude applied to cos/sin."""
+    """Magnitude applied to cos/sin.
+
+    yarn (YaRNScalingRotaryEmbedding): ``attention_factor`` when given, else
+    m(factor, mscale) / m(factor, mscale_all_dim) when both are given and
+    non-zero, else m(factor); deepseek_yarn (DeepseekScalingRotaryEmbedding):
+    m(factor, mscale) / m(factor, mscale_all_dim), defaults 1 and 0; with
+    m = ``yarn_get_mscale``. No other key (``attn_factor``) is read.
+    """
     if cfg.rope_type == "default":
         return 1.0
     if cfg.rope_type == "yarn":
-        return yarn_get_mscale(cfg.factor) * cfg.attn_factor
-    # deepseek_yarn
-    return (yarn_get_mscale(cfg.factor, cfg.mscale)
-            / yarn_get_mscale(cfg.factor, cfg.mscale_all_dim) * cfg.attn_factor)
+        if cfg.attention_factor is not None:
+            return float(cfg.attention_factor)
+        if cfg.mscale and cfg.mscale_all_dim:
+            return yarn_get_mscale(cfg.factor, cfg.mscale) / yarn_get_mscale(cfg.factor, cfg.mscale_all_dim)
+        return yarn_get_mscale(cfg.factor)
+    return (yarn_get_mscale(cfg.factor, 1.0 if cfg.mscale is None else cfg.mscale)
+            / yarn_get_mscale(cfg.factor, cfg.mscale_all_dim or 0.0))
 
 
 def cos_sin(cfg: RopeConfig, dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [T, dim/2] (float64), magnitude-scaled."""
-    angles = positions.to(torch.float64)[:, None] * inv_freq(cfg, dim).to(positions.device)[None, :]
+    """cos, sin of shape [T, r/2] (float64), magnitude-scaled; ``dim`` is the rope slice
+    width, r = ``cfg.rotary_dim(dim)`` the rotated part of it."""
+    r = cfg.rotary_dim(dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq(cfg, r).to(positions.device)[None, :]
     m = mscale(cfg)
     return torch.cos(angles) * m, torch.sin(angles) * m
 
 
 def apply_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (2i, 2i+1) of x's last dim. x: [T, ..., d]; cos/sin: [T, d/2]."""
+    """Rotate pairs (2i, 2i+1) of x's first r = 2 cos.shape[-1] entries; the rest pass through.
+
+    x: [T, ..., d]; cos/sin: [T, r/2] with r <= d.
+    """
     shape = x.shape
+    r = 2 * cos.shape[-1]
     xf = x.reshape(shape[0], -1, shape[-1])
     c = cos[:, None, :].to(xf.dtype)
     s = sin[:, None, :].to(xf.dtype)
-    x1 = xf[..., 0::2]
-    x2 = xf[..., 1::2]
-    out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-    return out.reshape(shape)
+    x1 = xf[..., 0:r:2]
+    x2 = xf[..., 1:r:2]
+    rot = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).reshape(xf.shape[0], xf.shape[1], r)
+    return torch.cat((rot, xf[..., r:]), dim=-1).reshape(shape)
 
 
 def _yarn_find_correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:
@@ -73,9 +93,11 @@ def _yarn_find_correction_dim(num_rotations: float, dim: int, base: float, max_p
 
 
 def _yarn_correction_range(low_rot: float, high_rot: float, dim: int, base: float,
-                           max_pos: int) -> tuple[int, int]:
-    low = math.floor(_yarn_find_correction_dim(low_rot, dim, base, max_pos))
-    high = math.ceil(_yarn_find_correction_dim(high_rot, dim, base, max_pos))
+                           max_pos: int, truncate: bool = True) -> tuple[float, float]:
+    low = _yarn_find_correction_dim(low_rot, dim, base, max_pos)
+    high = _yarn_find_correction_dim(high_rot, dim, base, max_pos)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
     return max(low, 0), min(high, dim - 1)
 
 
