@@ -23,11 +23,13 @@ import math
 import torch
 
 from .config import RopeConfig, yarn_get_mscale
+from .numerics import EXACT, Numerics
 
 
-def inv_freq(cfg: RopeConfig, dim: int) -> torch.Tensor:
-    """f_i for i in [0, dim/2), float64; ``dim`` is the rotary width."""
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+def inv_freq(cfg: RopeConfig, dim: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """f_i for i in [0, dim/2) computed in ``dtype`` (float64; float32 as vLLM builds its
+    table); ``dim`` is the rotary width."""
+    exponents = torch.arange(0, dim, 2, dtype=dtype) / dim
     pos_freqs = cfg.theta ** exponents
     if cfg.rope_type == "default":
         return 1.0 / pos_freqs
@@ -36,7 +38,7 @@ def inv_freq(cfg: RopeConfig, dim: int) -> torch.Tensor:
     low, high = _yarn_correction_range(cfg.beta_fast, cfg.beta_slow, dim, cfg.theta,
                                        cfg.original_max_position,
                                        truncate=cfg.truncate or cfg.rope_type != "yarn")
-    ramp = _linear_ramp(low, high, dim // 2)
+    ramp = _linear_ramp(low, high, dim // 2, dtype)
     extrapolation_factor = 1.0
     mask = (1 - ramp) * extrapolation_factor
     return interpolation * (1 - mask) + extrapolation * mask
@@ -63,13 +65,20 @@ def mscale(cfg: RopeConfig) -> float:
             / yarn_get_mscale(cfg.factor, cfg.mscale_all_dim or 0.0))
 
 
-def cos_sin(cfg: RopeConfig, dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [T, r/2] (float64), magnitude-scaled; ``dim`` is the rope slice
-    width, r = ``cfg.rotary_dim(dim)`` the rotated part of it."""
+def cos_sin(cfg: RopeConfig, dim: int, positions: torch.Tensor,
+            num: Numerics = EXACT) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [T, r/2], magnitude-scaled; ``dim`` is the rope slice width,
+    r = ``cfg.rotary_dim(dim)`` the rotated part of it.
+
+    EXACT: float64. Otherwise vLLM's table: f_i and the angles p f_i in float32,
+    cos / sin times the magnitude in float32, rounded to ``num.act`` (bf16).
+    """
     r = cfg.rotary_dim(dim)
-    angles = positions.to(torch.float64)[:, None] * inv_freq(cfg, r).to(positions.device)[None, :]
+    dt = torch.float64 if num.act == torch.float64 else torch.float32
+    angles = positions.to(dt)[:, None] * inv_freq(cfg, r, dt).to(positions.device)[None, :]
     m = mscale(cfg)
-    return torch.cos(angles) * m, torch.sin(angles) * m
+    c, s = torch.cos(angles) * m, torch.sin(angles) * m
+    return (c, s) if num.act == torch.float64 else (num.store(c), num.store(s))
 
 
 def apply_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -101,8 +110,8 @@ def _yarn_correction_range(low_rot: float, high_rot: float, dim: int, base: floa
     return max(low, 0), min(high, dim - 1)
 
 
-def _linear_ramp(low: float, high: float, dim: int) -> torch.Tensor:
+def _linear_ramp(low: float, high: float, dim: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     if low == high:
         high += 0.001
-    ramp = (torch.arange(dim, dtype=torch.float64) - low) / (high - low)
+    ramp = (torch.arange(dim, dtype=dtype) - low) / (high - low)
     return ramp.clamp(0, 1)
