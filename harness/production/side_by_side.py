@@ -382,7 +382,11 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     prod = dict(prod)
     t1 = time.perf_counter()
     ref = replay(cfg, weights, prod, first, case.steps, R.EXACT)
-    ref_p = replay(cfg, weights, prod, first, case.steps, R.PRODUCTION)
+    # production numerics: bf16 storage, twice-rounded RMSNorm, bf16 RoPE tables and, for FP8
+    # cases, the activation quantization of the FP8 GEMMs (fp8_emulation.production_numerics)
+    from harness.production.fp8_emulation import production_numerics
+    prod_weights, prod_num = production_numerics(case, weights)
+    ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num)
     try:
         free_tokens = R.draft(cfg, weights, first, case.steps, num=R.EXACT).tokens.tolist()
     except R.UnwrittenKVError as exc:  # reference cycles MTP layers: layer k>0 has no KV context

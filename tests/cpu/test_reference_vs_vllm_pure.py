@@ -98,3 +98,44 @@ def test_rope_parameters_read_as_vllm_reads_them(hf_keys):
 def test_routing_matches_vllm_grouped_topk(seed, shape, renorm):
     experts, topk = shape
     assert routing_cross_check(seed, experts, topk, renorm, tokens=5) == []
+
+
+# ---- production numerics (bf16) against vLLM's own pure functions: bitwise ------------------------
+
+def test_production_rms_norm_rounds_as_vllm():
+    """Two roundings (normalized x to bf16, then x * weight in bf16), as vLLM's rms_norm /
+    fused_add_rms_norm; bitwise equal, no tolerance."""
+    import torch
+    from vllm.ir.ops.layernorm import fused_add_rms_norm, rms_norm
+
+    from reference import PRODUCTION
+    from reference.norms import rms_norm as ref_rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=g).to(torch.bfloat16)
+    res = torch.randn(64, 256, generator=g).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    got = rms_norm.impls["native"].impl_fn(x, w, 1e-5)
+    assert torch.equal(got, ref_rms_norm(x.double(), w.double(), 1e-5, PRODUCTION))
+    got_fused, _ = fused_add_rms_norm.impls["native"].impl_fn(x, res, w, 1e-5)
+    # the reference's final_norm: the fp32 sum, unrounded, is normalized (as the fused kernel does)
+    assert torch.equal(got_fused, ref_rms_norm(x.float() + res.float(), w.double(), 1e-5, PRODUCTION))
+
+
+@pytest.mark.parametrize("kind", sorted(ROPE_PARAMS))
+def test_production_rope_table_is_vllms_bf16_table(kind):
+    """bf16 cos/sin built from float32 frequencies and angles: vLLM's cos_sin_cache, bitwise."""
+    import torch
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import rotary_embedding as re_mod
+
+    from reference import PRODUCTION, RopeConfig, rope
+
+    params = dict(ROPE_PARAMS[kind], attention_factor=1.3) if kind == "yarn" else ROPE_PARAMS[kind]
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        vr = re_mod.get_rope(64, max_position=8192, rope_parameters=dict(params), is_neox_style=False,
+                             dtype=torch.bfloat16)
+    pos = torch.arange(0, 4096, 7)
+    c, s = rope.cos_sin(RopeConfig.from_hf(params, None), 64, pos, PRODUCTION)
+    assert vr.cos_sin_cache.dtype == c.dtype == torch.bfloat16
+    assert torch.equal(vr.cos_sin_cache[pos], torch.cat([c, s], dim=-1))
