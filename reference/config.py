@@ -95,13 +95,12 @@ class RopeConfig:
         for key in ("mrope_section", "use_fope", "is_deepseek_v4"):
             if params.get(key):
                 raise ConfigError(f"rope_parameters.{key} is not modelled by the reference")
-        top_theta = rope_theta if rope_theta is not None else hf.get("rotary_emb_base")
-        theta = params.get("rope_theta", top_theta)
+        theta = params.get("rope_theta", rope_theta)  # (a top-level rotary_emb_base does not reach get_rope)
         prf = params.get("partial_rotary_factor")
         if prf is None:
             prf = next((hf[k] for k in ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction")
                         if hf.get(k) is not None), 1.0)
-        if not 0.0 < float(prf) <= 1.0:
+        if not params.get("rope_dim") and not 0.0 < float(prf) <= 1.0:  # get_rope checks it without rope_dim only
             raise ConfigError(f"rope_parameters.partial_rotary_factor {prf} must be in (0, 1] (vLLM refuses it)")
         kw: dict[str, Any] = dict(theta=float(10000.0 if theta is None else theta), rope_type=rope_type,
                                   rope_dim=params.get("rope_dim") or None, partial_rotary_factor=float(prf))

@@ -47,6 +47,11 @@ READINGS = {
     "partial_rotary_factor": {"rope_parameters": dict(_YARN, partial_rotary_factor=0.5)},
     "top-level-partial_rotary_factor": {"rope_parameters": {"rope_type": "default"}, "partial_rotary_factor": 0.25},
     "rope_dim": {"rope_parameters": dict(_DSY, rope_dim=32)},
+    "rope_dim-wins-over-partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_dim": 32,
+                                                                     "partial_rotary_factor": 2.0}},
+    "rotary_pct": {"rope_parameters": {"rope_type": "default"}, "rotary_pct": 0.5},
+    "rotary_emb_base-unread": {"rope_parameters": {"rope_type": "default"}, "rotary_emb_base": 50000.0},
+    "deepseek_llama_scaling": {"rope_parameters": dict(_DSY, rope_type="deepseek_llama_scaling")},
     "linear-refused": {"rope_parameters": {"rope_type": "linear", "factor": 2.0}},
 }
 
