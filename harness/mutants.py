@@ -561,34 +561,101 @@ ROPE_PARAMS = {
 }
 
 
-def rope_cross_check(kind: str = "default") -> list[str]:
-    """The reference's interleaved RoPE vs vLLM's ``get_rope(..., is_neox_style=False).forward_native``
-    (as tests/cpu/test_reference_vs_vllm_pure.py); returns the problems found."""
+def vllm_hf_config(hf: dict):
+    """``hf`` as vLLM 0.33 reads a checkpoint's ``config.json``: its own ``get_config``
+    (HYV4Config, transformers' rope standardization and layer-type checks, vLLM's
+    rope patches), from a temporary model directory. Raises what vLLM raises."""
+    import shutil
+    from unittest import mock
+
+    from vllm.transformers_utils import config as vcfg
+
+    from harness.production.vllm_config import write_model_dir
+
+    path = write_model_dir(hf)
+    try:
+        # one attempt: with_retry would sleep 2 s before re-raising a refusal
+        with mock.patch.object(vcfg, "with_retry", lambda func, *a, **k: func()):
+            return vcfg.get_config(path, trust_remote_code=False)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def rope_cross_check(kind: "str | dict" = "default", positions: list[int] | None = None) -> list[str]:
+    """The reference's interleaved RoPE vs vLLM's ``get_rope(..., is_neox_style=False)``.
+
+    ``kind``: a ``ROPE_PARAMS`` name, or config keys to set on the tiny preset
+    (``rope_parameters`` and any top-level key; None removes one). Both sides
+    read the same ``config.json``: vLLM through ``vllm_hf_config`` and the
+    ``get_rope`` call ``HYV4MLAAttention`` makes (head size qk_rope_head_dim,
+    ``max_position_embeddings``), the reference through ``MTPConfig.from_hf_dict``.
+    Compared: refusal (vLLM raises <=> the reference raises ConfigError, except
+    that the reference may refuse what it says it does not model), the
+    rotated width, the magnitude, the cos/sin table rows and ``forward_native``'s
+    q / k at ``positions`` (default: spread over the table, capped at 4000).
+    Returns the problems found.
+    """
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers import rotary_embedding as re_mod
 
-    from reference import RopeConfig, rope
+    from harness.presets import preset
+    from reference import ConfigError, MTPConfig, rope
 
-    params = ROPE_PARAMS[kind]
-    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        vr = re_mod.get_rope(64, max_position=8192, rope_parameters=dict(params),
-                             is_neox_style=False, dtype=torch.float32)
-        g = torch.Generator().manual_seed(0)
-        pos = torch.tensor([0, 1, 5, 777, 2048, 4000])
-        q = torch.randn(6, 3, 64, generator=g, dtype=torch.float32)
-        k = torch.randn(6, 1, 64, generator=g, dtype=torch.float32)
-        vq, vk = vr.forward_native(pos, q.clone(), k.clone())
-    cfg = RopeConfig.from_hf(params, None)
-    c, s = rope.cos_sin(cfg, 64, pos)
+    name = kind if isinstance(kind, str) else "params"
+    hf = preset("tiny")
+    for key, value in ({"rope_parameters": dict(ROPE_PARAMS[kind])} if isinstance(kind, str) else kind).items():
+        if value is None:
+            hf.pop(key, None)
+        else:
+            hf[key] = value
+    head = int(hf["qk_rope_head_dim"])
+    ref_err = vllm_err = None
+    try:
+        cfg = MTPConfig.from_hf_dict(hf)
+    except ConfigError as exc:
+        ref_err = exc
+    try:
+        vc = vllm_hf_config(hf)
+        with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+            vr = re_mod.get_rope(head, max_position=getattr(vc, "max_position_embeddings", 8192),
+                                 rope_parameters=vc.rope_parameters, is_neox_style=False, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 (whatever vLLM raises is a refusal)
+        vllm_err = exc
+    if ref_err is not None or vllm_err is not None:
+        if vllm_err is None and "not modelled" in str(ref_err):
+            return []  # a documented refusal, naming the key the reference does not model
+        if (ref_err is None) != (vllm_err is None):
+            return [f"rope[{name}]: vLLM {'refuses' if vllm_err else 'accepts'} ({vllm_err!r:.200}), the reference "
+                    f"{'refuses' if ref_err else 'accepts'} ({ref_err!r:.200})"]
+        return []
     problems = []
-    for name, got, x in (("q", vq, q), ("k", vk, k)):
-        want = rope.apply_interleaved(x.double(), c, s)
+    if vr.rotary_dim != cfg.rotary_dim:
+        return [f"rope[{name}]: rotary_dim vLLM {vr.rotary_dim} vs reference {cfg.rotary_dim}"]
+    m = rope.mscale(cfg.rope)
+    if hasattr(vr, "mscale") and abs(vr.mscale - m) > 1e-12 * max(1.0, abs(m)):
+        problems.append(f"rope[{name}].mscale: vLLM {vr.mscale!r} vs reference {m!r}")
+    n_rows = vr.cos_sin_cache.shape[0]
+    if positions is None:
+        top = min(n_rows, 4001) - 1
+        positions = sorted({0, 1, 5, top // 7, top // 2, top})
+    pos = torch.tensor(positions)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(len(positions), 3, head, generator=g, dtype=torch.float32)
+    k = torch.randn(len(positions), 1, head, generator=g, dtype=torch.float32)
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        vq, vk = vr.forward_native(pos, q.clone(), k.clone())
+    c, s = rope.cos_sin(cfg.rope, head, pos)
+    # vLLM builds inv_freq and the angles p * f_i in float32: a few float32 roundings of
+    # angles up to ~4000 rad (absolute ~ 4000 * 2^-23 ~ 5e-4), times the magnitude.
+    atol = 2e-3 * max(1.0, abs(m))
+    for what, got, want in (("cos_sin", vr.cos_sin_cache[pos].double(), torch.cat([c, s], dim=-1)),
+                            ("q", vq.double(), rope.apply_interleaved(q.double(), c, s)),
+                            ("k", vk.double(), rope.apply_interleaved(k.double(), c, s))):
         try:
-            # vLLM's cos/sin cache and rotation are float32 here: one fp32 rounding of
-            # angles up to ~4000 rad (absolute error ~ 4000 * 2^-24 ~ 2.4e-4) dominates.
-            torch.testing.assert_close(got.double(), want, atol=2e-3, rtol=1e-3)
+            torch.testing.assert_close(got, want, atol=atol, rtol=1e-3)
         except AssertionError as exc:
-            problems.append(f"rope[{kind}].{name}: {str(exc).splitlines()[0]}")
+            problems.append(f"rope[{name}].{what}: {str(exc).splitlines()[0]} "
+                            f"(max |d| {float((got - want).abs().max()):.3g})")
     return problems
 
 

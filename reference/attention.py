@@ -33,7 +33,7 @@ def latents(cfg: MTPConfig, lw: dict, x: torch.Tensor, positions: torch.Tensor,
     q_c = rms_norm(num.linear(x, lw["attn.q_a_proj"]), lw["attn.q_a_layernorm"], cfg.rms_norm_eps, num)
     kv = num.linear(x, lw["attn.kv_a_proj_with_mqa"])
     kv_c = rms_norm(kv[:, :lkv], lw["attn.kv_a_layernorm"], cfg.rms_norm_eps, num)
-    cos, sin = rope.cos_sin(cfg.rope, dr, positions)
+    cos, sin = rope.cos_sin(cfg.rope, dr, positions, num)
     k_pe = num.store(rope.apply_interleaved(num.up(kv[:, None, lkv:]), cos, sin)[:, 0])
     assert q_c.shape[-1] == lq
     return {"q_c": q_c, "kv_c": kv_c, "k_pe": k_pe}
@@ -45,7 +45,7 @@ def queries(cfg: MTPConfig, lw: dict, q_c: torch.Tensor, positions: torch.Tensor
     dn, dr = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
     q = num.linear(q_c, lw["attn.q_b_proj"])
     q = q.reshape(q.shape[0], -1, dn + dr)
-    cos, sin = rope.cos_sin(cfg.rope, dr, positions)
+    cos, sin = rope.cos_sin(cfg.rope, dr, positions, num)
     q_pe = num.store(rope.apply_interleaved(num.up(q[..., dn:]), cos, sin))
     return torch.cat([q[..., :dn], q_pe], dim=-1)
 

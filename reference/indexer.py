@@ -42,7 +42,7 @@ def project(cfg: MTPConfig, lw: dict, x: torch.Tensor, q_c: torch.Tensor,
     w = num.linear(x, lw["indexer.weights_proj"])
     k = layer_norm(k, lw["indexer.k_norm.weight"], lw["indexer.k_norm.bias"], 1e-6, num.fp32)
     k = num.store(k)
-    cos, sin = rope.cos_sin(cfg.rope, dr, positions)
+    cos, sin = rope.cos_sin(cfg.rope, dr, positions, num)
     q_pe = rope.apply_interleaved(num.up(q[..., d - dr:]), cos, sin)
     k_pe = rope.apply_interleaved(num.up(k[:, None, d - dr:]), cos, sin)[:, 0]
     q = torch.cat([q[..., : d - dr], num.store(q_pe)], dim=-1)

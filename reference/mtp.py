@@ -134,7 +134,7 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
     for sh in shards:
         c, w = sh.cfg, sh.weights
         q = attention.queries(c, w, lat["q_c"], pos, num)
-        sink = w.get("attn.sink") if cfg.learnable_sink else None
+        sink = w.get("attn.sink") if cfg.sink_applied else None  # none on dense layers (config.py)
         core = torch.empty((t, c.num_attention_heads * c.v_head_dim), dtype=num.act, device=dev)
         for i in range(t):
             keys = (torch.arange(int(pos[i]) + 1, device=dev) if rows is None else rows[i][rows[i] >= 0])

@@ -6,7 +6,11 @@ spec, up to float64 rounding.
 ``PRODUCTION``: what vLLM's CUDA path rounds: weights and activations are
 bfloat16 between ops, each op accumulates in float32 and rounds its output
 to bfloat16; the MoE router, the indexer k LayerNorm and the LM head logits
-stay float32 (as vLLM keeps them). FP8 quantization steps of the model (the
+stay float32 (as vLLM keeps them). RMSNorm rounds twice (the normalized x,
+then its product with the bf16 weight) and the RoPE cos/sin tables are bf16
+built from float32 angles, as vLLM's (``norms.rms_norm``, ``rope.cos_sin``;
+both pinned bitwise to vLLM's pure functions on CPU). The activation
+quantization of FP8 GEMMs is ``harness.production.fp8_emulation.Fp8Numerics``. FP8 quantization steps of the model (the
 indexer's q and k) are part of the spec and happen in both modes.
 """
 

@@ -154,6 +154,18 @@ def as_production_trace(cfg: R.MTPConfig, trace: dict, steps: int) -> dict:
     return fake
 
 
+def production_numerics(case, weights: dict, variant: str = "deepgemm-e8m0") -> tuple[dict, Numerics]:
+    """(weights, numerics) that model what production rounds for ``case``: ``reference.PRODUCTION``
+    for bf16 cases; for FP8 cases the weights production computes with (``variant``'s
+    re-quantization) and ``Fp8Numerics`` (per-token-group e4m3 activation quantization before
+    the FP8 GEMMs). The side-by-side's ``|d| prodnum`` column is measured against this."""
+    if case.quant == "bf16":
+        return weights, R.PRODUCTION
+    act_pow2, _ = VARIANTS[variant]
+    pw, storages = production_weights(case, weights, variant)
+    return pw, Fp8Numerics("production-fp8", torch.bfloat16, torch.float32, storages, act_pow2)
+
+
 def emulated_production_trace(case, variant: str = "deepgemm-e8m0") -> dict:
     """The reference run with FP8 production numerics, shaped as a production trace."""
     hf, _, weights = case_inputs_cached(case)

@@ -393,7 +393,12 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     # weights moved once for the replays (.to on a moved tensor is a no-op)
     wdev = weights if dev == "cpu" else {k: v.to(dev) for k, v in weights.items()}
     ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev)
-    ref_p = replay(cfg, wdev, prod, first, case.steps, R.PRODUCTION, device=dev)
+    # production numerics: bf16 storage, twice-rounded RMSNorm, bf16 RoPE tables and, for FP8
+    # cases, the activation quantization of the FP8 GEMMs (fp8_emulation.production_numerics)
+    from harness.production.fp8_emulation import production_numerics
+    prod_weights, prod_num = production_numerics(case, weights)
+    # (the FP8 emulation's numerics are CPU-tested only: FP8 cases replay them on the CPU)
+    ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num, device=dev if case.quant == "bf16" else "cpu")
     # the free-running reference, instrumented (CPU): how strongly this case exercises each regime
     free, regime_values = regimes.measure_draft(cfg, weights, first, case.steps, hf)
     if isinstance(free, R.UnwrittenKVError):  # reference cycles MTP layers: layer k>0 has no KV context

@@ -2,6 +2,7 @@
 
     python tests/cpu/_vllm_config_probe.py config CASE_ID ...   # the runner's VllmConfig per case
     python tests/cpu/_vllm_config_probe.py load CASE_ID         # + HYV4MTP built on CPU, load_weights
+    python tests/cpu/_vllm_config_probe.py build CONFIGS.json   # HYV4MTP built per HF config dict: what it built
 
 vLLM's config validation and model construction run only under a CUDA
 platform; here one is faked (compiled extensions and ops stubbed, capability
@@ -223,11 +224,57 @@ def _load_lines(cid: str) -> None:
                       "kernel_notes": notes}, default=str), flush=True)
 
 
+def _build_lines(path: str) -> None:
+    """For each HF config dict in the JSON list at ``path``: what vLLM's HYV4MTP constructor builds
+    per MTP layer (attention kind, indexer, whether the sink reaches the attention impl, MLP kind,
+    gate width, routed-expert SwiGLU clamp, RoPE class / rotary_dim / magnitude), or the error."""
+    import torch
+    import vllm.platforms as P
+
+    from harness.production import build
+    from harness.production.vllm_config import build_vllm_config
+
+    with open(path) as f:
+        configs = json.load(f)
+    for i, hf in enumerate(configs):
+        try:
+            vc = build_vllm_config(hf, num_speculative_tokens=max(1, int(hf.get("num_nextn_predict_layers", 1))))
+            P.current_platform.device_type = "cpu"
+            build.init_distributed(vc, torch.device("cpu"))
+            model = build.build_model(vc, torch.device("cpu"))
+        except Exception as exc:  # noqa: BLE001 (a refusal is an answer)
+            print(json.dumps({"i": i, "error": f"{type(exc).__name__}: {exc}"[:400]}), flush=True)
+            continue
+        layers = {}
+        for idx, layer in model.model.layers.items():
+            a, blk = layer.mtp_block.self_attn, layer.mtp_block
+            impl = a.mla_attn.impl
+            limit = None
+            if blk.block_type == "moe":
+                for mod in blk.mlp.experts.modules():
+                    for holder in (mod, getattr(mod, "moe_config", None), getattr(mod, "quant_config", None),
+                                   getattr(mod, "moe_quant_config", None)):
+                        if holder is not None and getattr(holder, "swiglu_limit", None) is not None:
+                            limit = float(holder.swiglu_limit)
+            rot = a.rotary_emb
+            layers[idx] = {
+                "sparse": bool(a.is_sparse), "indexer": a.indexer is not None,
+                "sink": getattr(impl, "sinks", None) is not None,
+                "sink_param": hasattr(a, "learnable_sink_param"),
+                "moe": blk.block_type == "moe",
+                "shared": blk.block_type == "moe" and blk.mlp.shared_experts is not None,
+                "gate": a.gate_projection_size_per_head if a.gated_mla else None,
+                "swiglu_limit": limit,
+                "rope": [type(rot).__name__, int(rot.rotary_dim), float(getattr(rot, "mscale", 1.0))],
+            }
+        print(json.dumps({"i": i, "layers": layers}), flush=True)
+
+
 def main(argv: list[str]) -> int:
     mode, ids = argv[0], argv[1:]
     try:
         _fake_cuda()
-        if mode == "load":
+        if mode in ("load", "build"):
             _fake_cuda_runtime()
     except Exception as exc:  # noqa: BLE001
         print(f"cannot fake a CUDA platform: {exc!r}", file=sys.stderr)
@@ -237,6 +284,8 @@ def main(argv: list[str]) -> int:
     elif mode == "load":
         for cid in ids:
             _load_lines(cid)
+    elif mode == "build":
+        _build_lines(ids[0])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return 0

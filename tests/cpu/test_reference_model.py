@@ -68,8 +68,32 @@ def test_tp_refuses_indivisible_heads():
         draft(cfg, random_weights(cfg, 0), make_case(cfg, 0, 1, 2), 1, tp=3)
 
 
+def test_dense_attention_applies_no_sink():
+    """vLLM builds dense-attention MTP layers without the sink (no dense MLA backend on NVIDIA
+    takes one; the weight is loaded, the bias disabled): the reference follows."""
+    hf = preset("tiny", vocab_size=256, layer_types=None)
+    with_sink, without = MTPConfig.from_hf_dict(hf), MTPConfig.from_hf_dict(dict(hf, learnable_sink=False))
+    assert not with_sink.attention_sparse and with_sink.learnable_sink and not with_sink.sink_applied
+    w = random_weights(with_sink, 5)
+    w = {k: (torch.full_like(v, 3.0) if k.endswith("attn.sink") else v) for k, v in w.items()}  # a sink that would matter
+    first = make_case(with_sink, 5, requests=2, tokens=6)
+    a = draft(with_sink, w, first, 2)
+    b = draft(without, {k: v for k, v in w.items() if not k.endswith("attn.sink")}, first, 2)
+    for k in range(2):
+        for name in ("attn.core", "logits"):
+            assert torch.equal(a.traces[k][name], b.traces[k][name])
+    # while on a sparse layer the same sink moves attn.core
+    sparse = tiny()
+    ws = random_weights(sparse, 5)
+    fs = make_case(sparse, 5, requests=2, tokens=6)
+    ws_big = {k: (torch.full_like(v, 3.0) if k.endswith("attn.sink") else v) for k, v in ws.items()}
+    assert not torch.equal(draft(sparse, ws, fs, 1).traces[0]["attn.core"],
+                           draft(sparse, ws_big, fs, 1).traces[0]["attn.core"])
+
+
 def test_sparse_with_topk_covering_context_equals_dense():
-    sparse = tiny(index_topk=64)
+    # no sink: vLLM applies it on sparse layers only (test above)
+    sparse = tiny(index_topk=64, learnable_sink=False)
     dense = sparse.replace(attention_sparse=False)
     w = random_weights(sparse, 3)
     first = make_case(sparse, 3, requests=3, tokens=8)
