@@ -3,7 +3,7 @@
 The fake bundle has the real layout (bundle/vllm.tar.xz, bundle/deps/*.whl,
 bundle/install.sh) with stand-in `vllm` and `torch` packages and one trivial wheel, so
 the whole host-side path runs here; only make-bundle.sh's download and strip
-step (pip download from PyPI) is not exercised.
+step (pip download from PyPI) is not exercised; its strip step is (strip.sh).
 """
 
 from __future__ import annotations
@@ -151,6 +151,26 @@ def test_verify_accepts_parts_of_the_old_workplace_script(packed, tmp_path):
     r = _sh(TOOLS / "unpack.sh", out, tmp_path / "dest")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "dest" / "bundle" / "vllm.tar.xz").read_bytes() == (stage / "bundle" / "vllm.tar.xz").read_bytes()
+
+
+def test_strip_leaves_out_what_strip_txt_lists(tmp_path):
+    """make-bundle.sh's strip step on a fake unzipped wheel: the listed pieces go, the rest stays."""
+    src = tmp_path / "unz"
+    gone = ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs/bin/vllm-rs", "vllm/third_party/fmha_sm100/k.so",
+            "vllm/_qutlass_C.abi3.so", "vllm/_flashkda_C.abi3.so", "vllm/__pycache__/x.pyc",
+            "vllm/platforms/__pycache__/y.pyc", "not-vllm/other.py"]
+    kept = ["vllm/__init__.py", "vllm/_C.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+            "vllm/third_party/other/keep.py", "vllm/platforms/__init__.py", "vllm-0.33.0.dist-info/METADATA"]
+    for name in gone + kept:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(name)
+    out = tmp_path / "vllm.tar.xz"
+    r = _sh(TOOLS / "strip.sh", src, out)
+    assert r.returncode == 0, r.stderr
+    with tarfile.open(out) as tar:
+        files = {m.name for m in tar.getmembers() if m.isfile()}
+    assert files == set(kept)
+    _refusal(_sh(TOOLS / "strip.sh", tmp_path / "nothing", out), "not an unzipped vLLM wheel")
 
 
 @pytest.mark.parametrize("script", ["verify.sh", "install.sh"])

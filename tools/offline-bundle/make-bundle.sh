@@ -15,7 +15,7 @@
 # own torch is used: vLLM's extensions are built on the stable libtorch ABI.
 # Environment: VLLM_VERSION (0.33.0), GPU_HOST_PYTHON (3.12),
 # GPU_BUNDLE_CACHE (~/.cache/gpu-bundle/vllm-VERSION-pyPY).
-# Download and strip happen here; pack.sh splits and checksums the stage.
+# Download happens here; strip.sh strips, pack.sh splits and checksums.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${1:-.gpu-bundle}
@@ -45,11 +45,8 @@ if [ ! -f "$STAGE/bundle/vllm.tar.xz" ] || [ "$(cat "$CACHE/vllm.strip-key" 2>/d
   python3 -m pip download -q --no-deps -d "$CACHE/wheels" "vllm==$VLLM_VERSION"
   rm -rf "$CACHE/unz" && mkdir -p "$CACHE/unz"
   (cd "$CACHE/unz" && unzip -q "$CACHE"/wheels/vllm-"$VLLM_VERSION"-*.whl)
-  sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$HERE/strip.txt" > "$CACHE/excludes"
-  echo "stripping ($(wc -l < "$CACHE/excludes") patterns, strip.txt) and compressing vllm (a few minutes) ..."
-  (cd "$CACHE/unz" && tar --exclude-from="$CACHE/excludes" \
-      -cf - vllm "vllm-$VLLM_VERSION.dist-info" | xz -T0 -6 > "$STAGE/bundle/vllm.tar.xz.tmp")
-  mv "$STAGE/bundle/vllm.tar.xz.tmp" "$STAGE/bundle/vllm.tar.xz"
+  echo "stripping and compressing vllm (a few minutes) ..."
+  "$HERE/strip.sh" "$CACHE/unz" "$STAGE/bundle/vllm.tar.xz"
   echo "$strip_key" > "$CACHE/vllm.strip-key"
   rm -rf "$CACHE/unz"
 fi
