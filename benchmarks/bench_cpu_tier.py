@@ -2,8 +2,8 @@
 
     ./with-env python benchmarks/bench_cpu_tier.py [--workers N] [--repeat R] [-- PYTEST_ARGS ...]
 
-Runs the CPU tier as `.ci/run` does (`python -m pytest -q` from the repo
-root, CI=true) in a subprocess, first serial (HYV4_PYTEST_WORKERS=0), then
+Runs the CPU tier as `.ci/run` does (`python -m pytest` from the repo root,
+CI=true; the output is captured, not shown) in a subprocess, first serial (HYV4_PYTEST_WORKERS=0), then
 with the default xdist workers (or --workers N), back to back, R times
 alternating, and prints each wall time, the best of each and the ratio.
 The issue's target: the CPU tier (.ci/run, cached environment, 2 cores)
@@ -36,14 +36,14 @@ def run_tier(workers: str, pytest_args: list[str]) -> dict:
     env = {**os.environ, "CI": os.environ.get("CI", "true"), "HYV4_PYTEST_WORKERS": workers}
     load_before = _load()
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", *pytest_args], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     wall = time.perf_counter() - t0
     out = r.stdout + r.stderr
     lines = [ln for ln in out.strip().splitlines() if ln.strip()]
     summary = next((ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed|error)", ln)),
                    lines[-1] if lines else "(no output)")
-    m = re.search(r"created: (\d+)/\d+ workers", out)
+    m = re.search(r"created: (\d+)/\d+ workers", out)  # xdist's header line
     return {"workers": int(m.group(1)) if m else 0, "wall": wall, "rc": r.returncode, "summary": summary,
             "load": f"{load_before} -> {_load()}", "output": out}
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="serial/xdist pairs, alternating (default 1)")
     ap.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments for both runs")
     a = ap.parse_args(argv)
-    print(f"CPU tier: python -m pytest -q {' '.join(a.pytest_args)} (repo root, CI=true); "
+    print(f"CPU tier: python -m pytest {' '.join(a.pytest_args)} (repo root, CI=true); "
           f"{os.cpu_count()} CPUs, load average {_load()}", flush=True)
     runs: dict[str, list[dict]] = {"serial": [], "xdist": []}
     failed = False
