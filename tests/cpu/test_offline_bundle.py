@@ -205,6 +205,14 @@ def test_a_part_left_out_of_the_list_is_refused(parts):
     _refusal(_sh(TOOLS / "verify.sh", parts), "part.02", "part.01 belongs")
 
 
+def test_checksums_with_crlf_line_ends_are_accepted(parts, tmp_path):
+    sums = parts / "SHA256SUMS"
+    sums.write_bytes(sums.read_bytes().replace(b"\n", b"\r\n"))
+    assert _sh(TOOLS / "verify.sh", parts).returncode == 0
+    r = _sh(TOOLS / "unpack.sh", parts, tmp_path / "dest")
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_leftover_part_is_refused(parts):
     (parts / "part.99").write_bytes(b"from another build")
     _refusal(_sh(TOOLS / "verify.sh", parts), "part.99 is not listed")

@@ -103,7 +103,9 @@ def test_workers_and_no_xdist_end_to_end(tmp_path):
     for i in (1, 2):
         (tmp_path / f"test_t{i}.py").write_text("import os\n\ndef test_w():\n"
                                                 "    print('worker', os.environ.get('PYTEST_XDIST_WORKER', 'none'))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HYV4_PYTEST_WORKERS": "2", "CI": "true"}
+    # not this run's own xdist worker variables (PYTEST_XDIST_WORKER=gw0 when the suite runs on workers)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONPATH=str(ROOT), HYV4_PYTEST_WORKERS="2", CI="true")
 
     def pytest_(*args):
         r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args, str(tmp_path)],

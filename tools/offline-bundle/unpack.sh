@@ -13,6 +13,7 @@ dir=$1 dest=$2
 "$HERE/verify.sh" "$dir" || exit 1
 parts=()
 while IFS= read -r line || [ -n "$line" ]; do
+  line=${line%$'\r'}   # a SHA256SUMS that crossed a Windows machine
   [ -n "$line" ] || continue
   name=${line#* }; name=${name# }; name=${name#\*}
   parts+=("$dir/$name")

@@ -20,6 +20,7 @@ listed=" "
 n=0
 width=
 while IFS= read -r line || [ -n "$line" ]; do
+  line=${line%$'\r'}   # a SHA256SUMS that crossed a Windows machine
   [ -n "$line" ] || continue
   hash=${line%% *}
   name=${line#* }; name=${name# }; name=${name#\*}
