@@ -1,9 +1,11 @@
 """Project-wide pytest setup: markers, GPU gating, golden and checkpoint options,
-hypothesis profiles."""
+hypothesis profiles, xdist workers for the CPU tier."""
 
 from __future__ import annotations
 
+import glob
 import os
+import pathlib
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -28,6 +30,83 @@ def pytest_addoption(parser):
                     help="a real HY V4 checkpoint directory for the real_checkpoint tests")
     group.addoption("--hypothesis-profile-name", metavar="NAME", default=None,
                     help="hypothesis profile: ci (default) or nightly; env HYV4_HYPOTHESIS_PROFILE works too")
+
+
+WORKERS_ENV = "HYV4_PYTEST_WORKERS"
+# Each worker collects the whole suite (imports torch, vLLM: ~27 s of CPU on the CI cores) before it runs a test.
+MAX_DEFAULT_WORKERS = 4
+
+
+def _test_files_selected(config) -> int:
+    """How many test files the command line (or testpaths) names, roughly (test_*.py under a folder)."""
+    files = set()
+    for arg in config.args:
+        path = pathlib.Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve()
+        if path.is_dir():
+            files.update(path.rglob("test_*.py"))
+        elif path.exists():
+            files.add(path)
+    return len(files)
+
+
+def default_workers(config) -> tuple[int, str]:
+    """(xdist workers for this run when the command line does not say, why).
+
+    The CPU tier is spread over xdist workers test by test with work stealing
+    (`--dist worksteal`: each worker starts on a contiguous half of the
+    collection, so a module's fixtures are mostly built once, and an idle
+    worker takes tests from a busy one; one file, test_production_fp8_prep,
+    holds two thirds of the CPU tier's time, so `loadfile` could not split
+    it). It stays serial where that pays better or is needed: one test
+    file, a GPU visible (GPU tests must not share the device between
+    workers), the GPU / real-checkpoint tiers (`-m`), --update-goldens
+    (the manifest is rewritten), -s, --pdb/--trace, --collect-only.
+    HYV4_PYTEST_WORKERS=N|auto|0 sets it; `-n N` / `-p no:xdist` win.
+    """
+    env = os.environ.get(WORKERS_ENV, "").strip().lower()
+    if env in ("0", "off", "no", "serial"):
+        return 0, f"{WORKERS_ENV}={env}"
+    if env not in ("", "auto"):
+        try:
+            return max(0, int(env)), f"{WORKERS_ENV}={env}"
+        except ValueError:
+            raise pytest.UsageError(f"{WORKERS_ENV} must be a number, auto or 0, got {env!r}") from None
+    o = config.option
+    files = _test_files_selected(config)
+    if files < 2:
+        return 0, "one test file"
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) not in ("", "-1") and glob.glob("/dev/nvidia[0-9]*"):
+        return 0, "a GPU is visible"
+    markexpr = getattr(o, "markexpr", "") or ""
+    if "gpu" in markexpr or "real_checkpoint" in markexpr:
+        return 0, f"-m {markexpr!r}"
+    if getattr(o, "update_goldens", False) or getattr(o, "usepdb", False) or getattr(o, "trace", False) \
+            or getattr(o, "collectonly", False) or getattr(o, "capture", "fd") == "no":
+        return 0, "a serial-only option"
+    auto = config.hook.pytest_xdist_auto_num_workers(config=config) or 1
+    return min(auto, MAX_DEFAULT_WORKERS, files), "auto"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Turn xdist on for the CPU tier unless the command line chose (runs before xdist's own hook)."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return None
+    o = config.option
+    if o.numprocesses is not None or o.dist != "no" or o.tx or getattr(o, "distload", False):
+        return None
+    n, why = default_workers(config)
+    if n >= 2:
+        o.numprocesses, o.dist = n, "worksteal"
+    config.stash[_WORKERS_KEY] = f"xdist: {n} workers, worksteal ({why})" if n >= 2 else f"xdist: off ({why})"
+    return None
+
+
+_WORKERS_KEY = pytest.StashKey[str]()
+
+
+def pytest_report_header(config):
+    return config.stash.get(_WORKERS_KEY, None)
 
 
 def pytest_configure(config):

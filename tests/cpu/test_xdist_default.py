@@ -1,0 +1,119 @@
+"""The CPU tier's default xdist workers (root conftest.py): when it turns on, and that
+`-n 0`, `-p no:xdist` and HYV4_PYTEST_WORKERS=0 keep a run serial."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _root_conftest():
+    spec = importlib.util.spec_from_file_location("hyv4_root_conftest", ROOT / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+C = _root_conftest()
+
+
+def _config(args=("tests",), auto=2, **option):
+    opts = dict(numprocesses=None, dist="no", tx=[], distload=False, markexpr="", update_goldens=False,
+                usepdb=False, trace=False, collectonly=False, capture="fd")
+    opts.update(option)
+    return SimpleNamespace(
+        args=list(args), invocation_params=SimpleNamespace(dir=ROOT), option=SimpleNamespace(**opts),
+        hook=SimpleNamespace(pytest_xdist_auto_num_workers=lambda config: auto),
+        pluginmanager=SimpleNamespace(hasplugin=lambda name: True), stash=pytest.Stash())
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.delenv(C.WORKERS_ENV, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def test_the_cpu_tier_runs_on_workers(no_gpu):
+    cfg = _config()
+    C.pytest_cmdline_main(cfg)
+    assert (cfg.option.numprocesses, cfg.option.dist) == (2, "worksteal")
+    cfg = _config(auto=64)
+    C.pytest_cmdline_main(cfg)
+    assert cfg.option.numprocesses == C.MAX_DEFAULT_WORKERS
+
+
+@pytest.mark.parametrize("case", [
+    dict(args=["tests/cpu/test_goldens.py"]),                       # one file: workers only cost
+    dict(args=["tests/cpu/test_goldens.py::test_goldens_stay_small", "tests/cpu/test_goldens.py"]),
+    dict(auto=1),                                                   # one CPU
+    dict(markexpr="gpu"), dict(markexpr="multigpu"), dict(markexpr="real_checkpoint"),
+    dict(update_goldens=True), dict(usepdb=True), dict(trace=True), dict(collectonly=True), dict(capture="no"),
+])
+def test_serial_where_workers_do_not_pay_or_would_interfere(no_gpu, case):
+    cfg = _config(**case)
+    C.pytest_cmdline_main(cfg)
+    assert cfg.option.numprocesses is None and cfg.option.dist == "no"
+    assert cfg.stash[C._WORKERS_KEY].startswith("xdist: off")
+
+
+@pytest.mark.parametrize("option", [dict(numprocesses=0), dict(numprocesses=3), dict(dist="load"), dict(tx=["popen"])])
+def test_the_command_line_wins(no_gpu, option):
+    cfg = _config(**option)
+    C.pytest_cmdline_main(cfg)
+    assert (cfg.option.numprocesses, cfg.option.dist, cfg.option.tx) == (
+        option.get("numprocesses"), option.get("dist", "no"), option.get("tx", []))
+
+
+def test_the_environment_variable(no_gpu, monkeypatch):
+    monkeypatch.setenv(C.WORKERS_ENV, "0")
+    cfg = _config()
+    C.pytest_cmdline_main(cfg)
+    assert cfg.option.numprocesses is None
+    monkeypatch.setenv(C.WORKERS_ENV, "3")
+    cfg = _config(auto=1)
+    C.pytest_cmdline_main(cfg)
+    assert (cfg.option.numprocesses, cfg.option.dist) == (3, "worksteal")
+    monkeypatch.setenv(C.WORKERS_ENV, "many")
+    with pytest.raises(pytest.UsageError, match="HYV4_PYTEST_WORKERS"):
+        C.pytest_cmdline_main(_config())
+
+
+def test_a_visible_gpu_keeps_the_run_serial(monkeypatch):
+    monkeypatch.delenv(C.WORKERS_ENV, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(C.glob, "glob", lambda pattern: ["/dev/nvidia0"])
+    cfg = _config()
+    C.pytest_cmdline_main(cfg)
+    assert cfg.option.numprocesses is None and "GPU" in cfg.stash[C._WORKERS_KEY]
+
+
+def test_workers_and_no_xdist_end_to_end(tmp_path):
+    """A real pytest on two tiny files with the project's conftest: workers, and `-p no:xdist` still runs serially (`-n 0`: the unit tests above;
+    each run here costs ~3 s of CPU per process, so only these two)."""
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    for i in (1, 2):
+        (tmp_path / f"test_t{i}.py").write_text("import os\n\ndef test_w():\n"
+                                                "    print('worker', os.environ.get('PYTEST_XDIST_WORKER', 'none'))\n")
+    # not this run's own xdist worker variables (PYTEST_XDIST_WORKER=gw0 when the suite runs on workers)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONPATH=str(ROOT), HYV4_PYTEST_WORKERS="2", CI="true")
+
+    def pytest_(*args):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args, str(tmp_path)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    out = pytest_()
+    assert "xdist: 2 workers, worksteal" in out and "created: 2/2 workers" in out and "2 passed" in out
+    out = pytest_("-p", "no:xdist")
+    assert "created:" not in out and "worker none" in out and "2 passed" in out, out
