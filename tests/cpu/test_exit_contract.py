@@ -485,7 +485,7 @@ def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     from harness.production.audit import LoadAuditError
 
     for exc, want in ((RuntimeError("engine core died"), 125), (LoadAuditError(UNLOADED[:1]), 1)):
-        def run_case(c, out=None, _e=exc):
+        def run_case(c, out=None, mutant=None, _e=exc):
             raise _e
 
         monkeypatch.setattr(engine, "run_case", run_case)
