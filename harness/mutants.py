@@ -983,6 +983,23 @@ def mutants_command(args) -> int:
     from harness import runtime
     from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
 
+    if getattr(args, "speculator", False):  # planted bugs in vLLM's speculator, through bisect-check
+        from harness.production import speculator_mutants as S
+
+        if args.list:
+            print("\n".join(f"{m.name:30s} {m.case:30s} first line names {m.expect!r}: {m.what}"
+                            for m in S.MUTANTS.values()))
+            return EXIT_OK
+        unknown = [n for n in (args.only or []) if n not in S.MUTANTS]
+        if unknown:
+            raise CLIError(f"--only {unknown}: unknown speculator mutant(s); known: {', '.join(S.MUTANTS)}")
+        reason = runtime.cannot_run_production_reason()
+        if reason:
+            print(f"cannot judge: {reason}")
+            return EXIT_CANNOT_JUDGE
+        doc = S.run_catalogue(args.only, report=args.report, log=lambda x: print(x, flush=True))
+        s = doc["summary"]
+        return EXIT_OK if s["caught"] == s["named_first"] == s["mutants"] and s["controls_ok"] else EXIT_MISMATCH
     if args.list:
         print(format_list())
         return EXIT_OK
@@ -1005,6 +1022,9 @@ def mutants_command(args) -> int:
 
 def add_arguments(p) -> None:
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    p.add_argument("--speculator", action="store_true",
+                   help="the planted bugs in vLLM's MTP speculator (harness.production.speculator_mutants), each "
+                        "through bisect-check on its engine case, plus pristine controls")
     p.add_argument("--only", nargs="+", action="extend", default=None, metavar="NAME",
                    help="run only these mutants")
     p.add_argument("--report", default=None, metavar="R.json", help="write the JSON report here")

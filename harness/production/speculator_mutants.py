@@ -105,7 +105,7 @@ class _Patches:
 
 # ---- the catalogue, end to end (GPU host) -------------------------------------------------------
 
-def run_catalogue(names=None, *, out: str | None = None, log=print) -> dict:
+def run_catalogue(names=None, *, report: str | None = None, log=print) -> dict:
     """Each mutant through ``bisect-check --case <its engine case>`` in a subprocess with
     ``HYV4_SPECULATOR_MUTANT`` set, plus each case pristine (the control). A mutant is
     caught when bisect-check exits 1 and the engine's first problem names ``expect``."""
@@ -155,10 +155,9 @@ def run_catalogue(names=None, *, out: str | None = None, log=print) -> dict:
                "named_first": sum(rows[n]["named_first"] for n in names),
                "controls_ok": all(rows[f"control:{c}"]["ok"] for c in cases)}
     doc = {"summary": summary, "rows": rows}
-    if out:
+    if report:
         from harness.atomic import atomic_write_json
-        os.makedirs(out, exist_ok=True)
-        atomic_write_json(os.path.join(out, "speculator_mutants.json"), doc)
+        atomic_write_json(report, doc)
     return doc
 
 
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description="planted speculator bugs through bisect-check (GPU host)")
     ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--report", default=None, metavar="R.json")
     args = ap.parse_args(argv)
     from harness.runtime import cannot_run_production_reason
 
@@ -175,7 +174,7 @@ def main(argv=None) -> int:
     if reason:
         print(f"cannot judge: {reason}")
         return 125
-    doc = run_catalogue(args.mutant, out=args.out)
+    doc = run_catalogue(args.mutant, report=args.report)
     s = doc["summary"]
     print(f"speculator mutants: {s['caught']}/{s['mutants']} caught (bisect-check exit 1), "
           f"{s['named_first']}/{s['mutants']} named first; controls {'ok' if s['controls_ok'] else 'FAILED'}")
