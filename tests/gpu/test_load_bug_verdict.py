@@ -1,0 +1,34 @@
+"""GPU tier: a vLLM loader regression is a bad commit (exit 1 naming the parameter), not "cannot judge".
+
+The planted bug is the kind upstream has shipped: ``HYV4MTP.load_weights`` silently drops
+a checkpoint tensor (here the router's ``e_score_correction_bias``). ``compare`` builds and
+loads the real model; the post-load audit must turn the unloaded parameter into exit 1
+with one line that names it (``harness.exitcodes``), so ``git bisect run`` blames the
+commit instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.runtime import cannot_run_production_reason
+
+_REASON = cannot_run_production_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=f"production cannot run: {_REASON}")]
+
+
+def test_dropped_expert_bias_exits_1_naming_it(monkeypatch, capsys):
+    from vllm.models.hy_v4.nvidia.mtp import HYV4MTP
+
+    from harness.cli import main
+
+    orig = HYV4MTP.load_weights
+
+    def load_weights(self, weights):
+        return orig(self, ((n, t) for n, t in weights if "e_score_correction_bias" not in n))
+
+    monkeypatch.setattr(HYV4MTP, "load_weights", load_weights)
+    code = main(["compare", "tiny-k2-long"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 1, out
+    assert any("vLLM load failed" in line and "e_score_correction_bias" in line for line in out), out
