@@ -18,6 +18,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=f"
 
 
 def test_dropped_expert_bias_exits_1_naming_it(monkeypatch, capsys):
+    """(H200, 2026-12-01: exit 1; the line was then checked for the checkpoint's name
+    ``e_score_correction_bias`` instead of vLLM's parameter name: fixed, not re-run there.)"""
     from vllm.models.hy_v4.nvidia.mtp import HYV4MTP
 
     from harness.cli import main
@@ -31,4 +33,6 @@ def test_dropped_expert_bias_exits_1_naming_it(monkeypatch, capsys):
     code = main(["compare", "tiny-k2-long"])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 1, out
-    assert any("vLLM load failed" in line and "e_score_correction_bias" in line for line in out), out
+    # vLLM 0.33 holds the checkpoint's mlp.gate.e_score_correction_bias as mlp.expert_bias
+    # (the CPU probe of tests/cpu/_vllm_config_probe.py shows that name unloaded)
+    assert any("vLLM load failed" in line and "mlp.expert_bias" in line for line in out), out
