@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line
+from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
 from harness.report import write_report
 
 # Together these exercise every regime of harness/regimes.py above its threshold
@@ -242,7 +242,7 @@ def bisect_command(args) -> int:
         result, code, line = _run(GPU_CASES[cid], getattr(args, "plant", None))
         if result is None:  # a load failure is a bad commit (1), any other crash cannot judge (125)
             print(line)
-            return worst(verdict, code)
+            return worst([verdict, code])
         reports[f"side-by-side/{cid}"] = result["_report"]
         result["_report"].meta["regimes"] = result["regimes"]
         regime_values[cid] = result["regimes"]
@@ -300,13 +300,8 @@ def run_engine_cases(case_ids) -> tuple[dict, int]:
         else:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
             print(f"cannot judge: engine {cid} exited {proc.returncode}: {tail[0][:300]}")
-        verdict = worst(verdict, code)
+        verdict = worst([verdict, code])
     return out, verdict
-
-
-def worst(a: int, b: int) -> int:
-    """Combined verdict: a mismatch anywhere is a bad commit, else any "cannot judge" wins."""
-    return EXIT_MISMATCH if EXIT_MISMATCH in (a, b) else (EXIT_CANNOT_JUDGE if EXIT_CANNOT_JUDGE in (a, b) else EXIT_OK)
 
 
 def _rates(rep: dict) -> str:

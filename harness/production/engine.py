@@ -363,18 +363,11 @@ class DrafterTap:
             self._guard("forward pre-hook", lambda: self._record_inputs(args, kwargs))
 
     def _record_inputs(self, args, kwargs) -> None:
-        from vllm.forward_context import get_forward_context
-
         ids, pos = _arg(args, kwargs, "input_ids", 0), _arg(args, kwargs, "positions", 1)
         hidden = _arg(args, kwargs, "hidden_states", 2)
         spec = int(kwargs.get("spec_step_idx", 0) or 0)
         layer_idx = spec % len(self.mla_layer)
-        fc = get_forward_context()
-        mds = fc.attn_metadata[0] if isinstance(fc.attn_metadata, list) else fc.attn_metadata
-        md = mds.get(self.mla_layer[layer_idx]) if isinstance(mds, dict) else mds
-        if md is None:
-            raise RuntimeError(f"no attention metadata for {self.mla_layer[layer_idx]}; "
-                               f"keys: {sorted(mds)[:12] if isinstance(mds, dict) else type(mds)}")
+        mds, md = layer_metadata(self.mla_layer[layer_idx])
         num_reqs = int(md.num_reqs)
         qsl = md.query_start_loc[: num_reqs + 1].long().cpu()
         t = int(qsl[-1])
@@ -434,6 +427,19 @@ class DrafterTap:
             call.notes["proposer_last_token_indices"] = lti[: rows.numel()].tolist()
 
 
+def layer_metadata(layer_name: str):
+    """(all attention metadata of the running forward, the metadata of ``layer_name``)."""
+    from vllm.forward_context import get_forward_context
+
+    fc = get_forward_context()
+    mds = fc.attn_metadata[0] if isinstance(fc.attn_metadata, list) else fc.attn_metadata
+    md = mds.get(layer_name) if isinstance(mds, dict) else mds
+    if md is None:
+        raise RuntimeError(f"no attention metadata for {layer_name}; "
+                           f"keys: {sorted(mds)[:12] if isinstance(mds, dict) else type(mds)}")
+    return mds, md
+
+
 class TargetTap:
     """Hooks on the target model: one ``bookkeeping.TargetCall`` per armed forward (ids,
     positions, the hidden states it returns, i.e. what the drafter is fed, and the greedy
@@ -475,14 +481,10 @@ class TargetTap:
         self._pending = None
 
     def _record(self, output) -> None:
-        from vllm.forward_context import get_forward_context
-
         from .bookkeeping import TargetCall
 
         ids, pos = self._pending
-        fc = get_forward_context()
-        mds = fc.attn_metadata[0] if isinstance(fc.attn_metadata, list) else fc.attn_metadata
-        md = mds.get(self.layer_name) if isinstance(mds, dict) else mds
+        _, md = layer_metadata(self.layer_name)
         num_reqs = int(md.num_reqs)
         qsl = md.query_start_loc[: num_reqs + 1].long().cpu()
         t = int(qsl[-1])
