@@ -227,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_mutant_arguments(mu)
     mu.set_defaults(func=cmd_mutants)
 
+    w = sub.add_parser("warmup", help="compile the GPU stack's JIT kernels once per host (0 warmed, 2, 125)")
+    from .warmup import add_arguments as add_warmup_arguments, cmd_warmup
+    add_warmup_arguments(w)
+    w.set_defaults(func=cmd_warmup)
+
     m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens")
     _add_side_by_side_arguments(m)
     m.set_defaults(func=cmd_main_job)
@@ -236,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every error is one line and a contract exit code (``harness.exitcodes``)."""
     from .exitcodes import run_guarded
+    from .runtime import apply_jit_cache
 
     args = build_parser().parse_args(argv)
+    apply_jit_cache()  # $HYV4_JIT_CACHE: every JIT layer under one root (before vLLM is imported)
     return run_guarded(args.func, args, debug=args.debug)

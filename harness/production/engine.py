@@ -118,12 +118,20 @@ ENGINE_CASES: dict[str, EngineCase] = {c.id: c for c in (
 
 # ---- building the engine and reaching the drafter ---------------------------------------------
 
+ENGINE_KV_GIB_ENV = "HYV4_ENGINE_KV_CACHE_GIB"  # set by .ci/gpu-tier when tests share one GPU
+
 def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
     """``vllm.LLM`` / ``EngineArgs`` arguments: eager, block 64, no tokenizer, dummy weights, MTP."""
     from .vllm_config import BLOCK_SIZE
 
+    kw = {}
+    gib = os.environ.get(ENGINE_KV_GIB_ENV, "").strip()
+    if gib:
+        # a fixed KV size: vLLM then skips its memory profiling, which fails when another
+        # process on the same GPU (a parallel test worker) frees memory meanwhile
+        kw["kv_cache_memory_bytes"] = int(float(gib) * (1 << 30))
     return dict(
-        model=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
+        **kw, model=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
         block_size=BLOCK_SIZE, max_model_len=1024, max_num_batched_tokens=2048, max_num_seqs=8,
         enforce_eager=True, load_format="dummy", gpu_memory_utilization=case.gpu_memory_utilization,
         enable_prefix_caching=False,  # a cache hit would skip draft KV writes the reference needs

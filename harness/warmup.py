@@ -1,0 +1,166 @@
+"""``python -m harness warmup``: compile the GPU stack's JIT kernels once per host, in one process.
+
+    python -m harness warmup [--cache DIR] [--case ID ...] [--engine ID | --no-engine]
+                             [--report FILE.json] [--pack FILE.tar.gz]
+
+A fresh GPU host spends most of the GPU tier compiling: FlashInfer's FP8 block GEMM
+(> 150 s), DeepGEMM's indexer and FP8 kernels per shape, Triton's fused MoE per
+shape, vLLM's engine start. Several processes compiling the same kernel at once can
+stall for minutes, so the parallel GPU tier (``.ci/gpu-tier``) runs this first, in
+one process, and fans out after. It runs the production side only (no reference,
+no verdict) of every module-level side-by-side case, which covers every shape the
+GPU tier's module-level cases use, and builds one engine and generates with it.
+
+The caches land where each library keeps them, or under one root with ``--cache DIR``
+/ ``$HYV4_JIT_CACHE`` (``harness.runtime.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
+DeepGEMM, inductor, the driver's PTX cache). ``--pack`` writes that root as a tarball
+for the next host: ``tar -xzf FILE -C DIR && export HYV4_JIT_CACHE=DIR``.
+FlashInfer's precompiled kernels (``vllm download-kernels``: ``flashinfer-cubin`` /
+``flashinfer-jit-cache`` 0.7.2.post1, the version vLLM 0.33 pins) are published only
+on flashinfer.ai, not on PyPI (which stops at flashinfer-cubin 0.6.13, refused by
+FlashInfer's version check), so an air-gapped host builds them here instead.
+
+Exit codes (``harness.exitcodes``): 0 warmed, 2 bad flags, 125 cannot warm (no GPU,
+vLLM missing, a case that crashed: the line names it). Warmup judges nothing: a
+case's numbers are not looked at.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import time
+
+from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
+from .runtime import JIT_CACHE_ENV, apply_jit_cache, cannot_run_production_reason, jit_cache_env
+
+DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--cache", metavar="DIR", help=f"one cache root for every JIT layer (default ${JIT_CACHE_ENV}, "
+                   "else each library's own default)")
+    p.add_argument("--case", action="append", metavar="ID", help="module-level case to run (default: all)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--engine", default=DEFAULT_ENGINE_CASE, metavar="ID", help="engine case to build and run")
+    g.add_argument("--no-engine", action="store_true", help="skip the engine")
+    p.add_argument("--report", metavar="FILE.json", help="write the per-step times here")
+    p.add_argument("--pack", metavar="FILE.tar.gz", help="after warming, tar the cache root (needs --cache or "
+                   f"${JIT_CACHE_ENV})")
+
+
+def check_arguments(args) -> None:
+    """Bad flags exit 2 before anything is imported or compiled."""
+    from .production.engine import ENGINE_CASES
+    from .production.side_by_side import GPU_CASES
+
+    for cid in args.case or ():
+        if cid not in GPU_CASES:
+            raise CLIError(f"--case {cid}: unknown; known: {', '.join(GPU_CASES)}")
+    if not args.no_engine and args.engine not in ENGINE_CASES:
+        raise CLIError(f"--engine {args.engine}: unknown; known: {', '.join(ENGINE_CASES)}")
+    if args.pack and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
+        raise CLIError(f"--pack needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
+    for flag, path in (("--report", args.report), ("--pack", args.pack)):
+        if path:
+            parent = os.path.dirname(os.path.abspath(path))
+            if os.path.isdir(path) or not os.path.isdir(parent):
+                raise CLIError(f"{flag} {path}: not a writable file path (a directory, or its folder is missing)")
+
+
+def cache_size(root: str) -> int:
+    total = 0
+    for d, _, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(d, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def run(args, log=print) -> dict:
+    """Warm every step; the report (per-step seconds, cache root and size)."""
+    set_vars = apply_jit_cache(args.cache)
+    root = os.environ.get(JIT_CACHE_ENV)
+    reason = cannot_run_production_reason()
+    if reason:
+        raise CannotJudge(f"warmup: {reason}")
+    import torch
+
+    from .production.engine import ENGINE_CASES
+    from .production.engine import run_case as run_engine_case
+    from .production.side_by_side import GPU_CASES, case_inputs
+    import reference as R
+
+    rep = {"cache_root": root, "set": set_vars, "steps": [], "size_before": cache_size(root) if root else None}
+    t_all = time.perf_counter()
+
+    def step(name, fn):
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - reported with its name, exit 125
+            raise CannotJudge(f"warmup {name}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}") from exc
+        dt = time.perf_counter() - t0
+        rep["steps"].append({"name": name, "seconds": round(dt, 2)})
+        log(f"warmup {name}: {dt:.1f} s", flush=True)
+
+    for cid in args.case or list(GPU_CASES):
+        case = GPU_CASES[cid]
+
+        def module_level(case=case):
+            from .production.runner import ProductionSession
+
+            hf, ckpt, _ = case_inputs(case)
+            cfg = R.MTPConfig.from_hf_dict(hf)
+            sess = ProductionSession(hf, num_speculative_tokens=case.steps)
+            sess.load(ckpt, strict=not case.known_audit)
+            sess.run(R.make_case(cfg, case.seed, case.requests, case.tokens), case.steps)
+            torch.cuda.synchronize()
+            del sess
+            torch.cuda.empty_cache()
+
+        step(cid, module_level)
+    if not args.no_engine:
+        step(args.engine, lambda: run_engine_case(ENGINE_CASES[args.engine], log=lambda *a, **k: None))
+    rep["seconds"] = round(time.perf_counter() - t_all, 2)
+    if root:
+        rep["size_after"] = cache_size(root)
+    return rep
+
+
+def pack(root: str, dest: str) -> int:
+    """Tar ``root`` (its layout, ``jit_cache_env``) to ``dest`` atomically; bytes written."""
+    tmp = f"{dest}.part{os.getpid()}"
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for var, path in jit_cache_env(root).items():
+                if os.path.isdir(path):
+                    tar.add(path, arcname=os.path.relpath(path, os.path.abspath(os.path.expanduser(root))))
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return os.path.getsize(dest)
+
+
+def cmd_warmup(args) -> int:
+    check_arguments(args)
+    rep = run(args)
+    line = f"warmup: {len(rep['steps'])} steps in {rep['seconds']:.1f} s"
+    if rep["cache_root"]:
+        line += (f"; cache {rep['cache_root']}: {rep['size_before'] / 2**20:.0f} -> "
+                 f"{rep['size_after'] / 2**20:.0f} MiB")
+    if args.pack:
+        rep["pack_bytes"] = pack(rep["cache_root"], args.pack)
+        line += f"; packed {args.pack} ({rep['pack_bytes'] / 2**20:.0f} MiB)"
+    if args.report:
+        from .atomic import atomic_write_json
+
+        atomic_write_json(args.report, rep)
+    print(line, flush=True)
+    return EXIT_OK
+
+
+__all__ = ["add_arguments", "cmd_warmup", "EXIT_CANNOT_JUDGE"]

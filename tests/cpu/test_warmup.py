@@ -1,0 +1,72 @@
+"""``python -m harness warmup`` and the JIT cache root, on CPU: flags, the exit contract, packing."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+
+import pytest
+
+from harness import runtime
+from harness.cli import main
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--case", "no-such-case"], "--case no-such-case"),
+    (["--engine", "no-such-engine"], "--engine no-such-engine"),
+    (["--pack", "x.tar.gz"], "--pack needs one cache root"),
+    (["--report", "/no/such/dir/r.json"], "--report /no/such/dir/r.json"),
+])
+def test_bad_flags_exit_2_naming_the_flag(argv, culprit, capsys, monkeypatch):
+    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
+    assert main(["warmup", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and culprit in err[0] and "Traceback" not in err[0]
+
+
+def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, monkeypatch):
+    if runtime.cannot_run_production_reason() is None:
+        pytest.skip("a GPU with vLLM is present: warmup would run")
+    for var in runtime.JIT_CACHE_LAYOUT:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
+    dest = tmp_path / "jit.tar.gz"
+    assert main(["warmup", "--cache", str(tmp_path / "cache"), "--case", "tiny-k1", "--pack", str(dest)]) == 125
+    cap = capsys.readouterr()
+    assert "warmup: " in cap.out + cap.err and "Traceback" not in cap.out + cap.err
+    assert not dest.exists()
+
+
+def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch):
+    for var in runtime.JIT_CACHE_LAYOUT:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
+    assert runtime.apply_jit_cache() == {}  # no root: the libraries keep their defaults
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")
+    done = runtime.apply_jit_cache(str(tmp_path))
+    assert os.environ["TRITON_CACHE_DIR"] == "/mine" and "TRITON_CACHE_DIR" not in done
+    assert set(done) == set(runtime.JIT_CACHE_LAYOUT) - {"TRITON_CACHE_DIR"}
+    assert all(os.environ[v] == str(tmp_path / sub) for v, sub in runtime.JIT_CACHE_LAYOUT.items()
+               if v != "TRITON_CACHE_DIR")
+    assert os.environ[runtime.JIT_CACHE_ENV] == str(tmp_path)
+
+
+def test_pack_holds_the_layout_and_restores(tmp_path):
+    from harness.warmup import pack
+
+    root = tmp_path / "cache"
+    for i, sub in enumerate(runtime.JIT_CACHE_LAYOUT.values()):
+        (root / sub / "k").mkdir(parents=True)
+        (root / sub / "k" / "kernel.so").write_bytes(bytes([i]) * 100)
+    (root / "unrelated").mkdir()
+    (root / "unrelated" / "x").write_text("not a JIT layer")
+    dest = tmp_path / "jit.tar.gz"
+    assert pack(str(root), str(dest)) == dest.stat().st_size > 0
+    with tarfile.open(dest) as tar:
+        names = {n for n in tar.getnames() if n.endswith("kernel.so")}
+        tar.extractall(tmp_path / "restored", filter="data")
+    assert names == {f"{sub}/k/kernel.so" for sub in runtime.JIT_CACHE_LAYOUT.values()}
+    for i, sub in enumerate(runtime.JIT_CACHE_LAYOUT.values()):
+        assert (tmp_path / "restored" / sub / "k" / "kernel.so").read_bytes() == bytes([i]) * 100
+    assert not (tmp_path / "restored" / "unrelated").exists()
+    assert not [p for p in tmp_path.iterdir() if ".part" in p.name]  # no temp left
