@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import pathlib
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -113,9 +114,33 @@ def pytest_configure(config):
     if config.getoption("--update-goldens") and ci_is_set():
         raise pytest.UsageError(f"--update-goldens is refused when CI is set (CI={os.environ.get('CI')!r}): "
                                 "goldens are regenerated on purpose, by a person")
+    from harness.runtime import apply_jit_cache
+
+    apply_jit_cache()  # $HYV4_JIT_CACHE: the GPU stack's JIT caches under one root (harness warmup fills it)
+    if hasattr(config, "workerinput"):
+        _share_the_host(config.workerinput)
     profile = (config.getoption("--hypothesis-profile-name")
                or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
     settings.load_profile(profile)
+
+
+def _share_the_host(workerinput: dict) -> None:
+    """An xdist worker's share of the host: on a host with several GPUs, one GPU per worker
+    (worker i takes GPU i mod n; set before CUDA is initialised, and only where the user did
+    not choose with CUDA_VISIBLE_DEVICES); and a bounded CPU-thread count, so workers that
+    replay the float64 reference on the CPU do not oversubscribe the cores."""
+    idx = int(str(workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
+    count = max(1, int(workerinput.get("workercount", 1)))
+    gpus = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    if not gpus:  # the CPU tier keeps torch's default threads (its goldens were made with them)
+        return
+    if len(gpus) > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(idx % len(gpus))
+    threads = str(max(1, (os.cpu_count() or 1) // count))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
