@@ -268,8 +268,9 @@ def build(cfg: MTPConfig, lw: dict, *, context: int, skip=frozenset()) -> HFBloc
     if cfg.gated_mla and cfg.gating_type == "elementwise":
         sd["gate_proj.weight"] = lw["attn.linear_gate"]
     elif cfg.gated_mla:  # headwise: [nh, H] -> each row repeated v_head_dim times
-        g = lw["attn.linear_gate"]
-        sd["gate_proj.weight"] = g if "gate" in skip else g.repeat_interleave(dv, dim=0)
+        if "gate" in skip:
+            raise ValueError("HF's gate_proj cannot hold a headwise gate as it is ([nh, H] vs [nh*v_head_dim, H])")
+        sd["gate_proj.weight"] = lw["attn.linear_gate"].repeat_interleave(dv, dim=0)
     elif "gate" not in skip:  # no gate: sigmoid(0) = 0.5 exactly, undone by o_proj x 2 (exact)
         sd["gate_proj.weight"] = torch.zeros(nh * dv, cfg.hidden_size, dtype=torch.float64)
         sd["o_proj.weight"] = lw["attn.o_proj"] * 2
