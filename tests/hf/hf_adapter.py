@@ -195,7 +195,7 @@ def hf_config(cfg: MTPConfig, *, context: int, max_position_embeddings: int = 40
     c._attn_implementation = "eager"  # the index mask is applied on the eager / sdpa paths only
     c._experts_implementation = "eager"
     if not cfg.attention_sparse:
-        c.index_topk = max(c.index_topk, context)  # "dense_attention" (always needed: see build)
+        c.index_topk = max(c.index_topk, context)  # "dense_attention" (build undoes it when skipped)
     return c
 
 
