@@ -11,9 +11,11 @@ through unrotated. YaRN variants scale cos and sin by an attention magnitude
 ``mscale`` (so |x'| = mscale |x| on the rotated entries), read per rope type
 as vLLM 0.33's RoPE classes read it (see ``mscale``).
 
-HF transformers' hy_v4 applies the same rotation to de-interleaved halves
-(rotate_half on a permuted copy); vLLM 0.33 rotates the interleaved pairs
-in place (``is_neox_style=False``), which is what this module models.
+HF transformers' hy_v4 (5.20 to 5.23) rotates rotate-half pairs (j, j + r/2)
+of the slice as loaded (its checkpoint conversion permutes nothing); vLLM 0.33
+rotates the interleaved pairs (2i, 2i+1) in place (``is_neox_style=False``),
+which is what this module models. The two agree only up to a permutation of
+the rope rows of the projections (tests/hf/hf_adapter.py, "rope_layout").
 """
 
 from __future__ import annotations
