@@ -4,7 +4,7 @@
         [--reference-repeats N]
 
 With --reference-repeats N > 0 it also times the float64 reference
-(``reference.draft``, CPU) on the same case in the same run and prints the
+(``reference.draft``, on the CPU or with --reference-device cuda on the same GPU) on the same case in the same run and prints the
 ratio reference / production per draft run (all K steps).
 
 Times ``ProductionSession.run`` for all K steps (metadata build by vLLM's
@@ -29,7 +29,7 @@ from harness.presets import preset
 from harness.production.runner import ProductionSession
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--requests", type=int, default=8)
@@ -37,7 +37,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reference-repeats", type=int, default=0)
-    a = ap.parse_args()
+    ap.add_argument("--reference-device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the float64 reference runs (cuda: the same GPU as production)")
+    a = ap.parse_args(argv)
     hf = preset(a.preset)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, 0, a.requests, a.tokens)
@@ -65,15 +67,25 @@ def main() -> None:
            "gpu": torch.cuda.get_device_name(0)}
     if a.reference_repeats > 0:
         ref_times = []
+        dev = a.reference_device
+        w_dev = {k: v.to(dev) for k, v in weights.items()}
+        first_dev = first.to(dev)
+        if dev == "cuda":
+            R.draft(cfg, w_dev, first_dev, a.steps, R.EXACT)  # warm-up: cuBLAS handles, allocator
         for _ in range(a.reference_repeats):
+            if dev == "cuda":
+                torch.cuda.synchronize()
             t = time.perf_counter()
-            R.draft(cfg, weights, first, a.steps, R.EXACT)
+            R.draft(cfg, w_dev, first_dev, a.steps, R.EXACT)
+            if dev == "cuda":
+                torch.cuda.synchronize()
             ref_times.append(time.perf_counter() - t)
         out.update(reference_s_median=sorted(ref_times)[len(ref_times) // 2],
                    reference_s_per_step=sorted(ref_times)[len(ref_times) // 2] / a.steps,
-                   reference_threads=torch.get_num_threads(),
+                   reference_device=dev, reference_threads=torch.get_num_threads(),
                    ratio_reference_over_production=sorted(ref_times)[len(ref_times) // 2] / out["run_s_median"])
     print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""The GPU tier's wall times on one host, against issue 13's targets (a benchmark, not a test).
+
+    python benchmarks/bench_gpu_tier.py --out DIR [--workers 6] [--only STEP,STEP...] [--cache DIR]
+
+Steps, in this order (each a subprocess, timed here; all of them by default):
+  warmup-cold   `python -m harness warmup` into an EMPTY JIT cache root (DIR/jit-cache, wiped
+                first): what a fresh host pays before the tier (the bundle install not counted)
+  warmup-warm   the same again: what a host with a kept cache pays
+  tier          `pytest -m gpu tests/gpu` on --workers xdist workers, warm (as .ci/gpu-tier);
+                per-case times from its JUnit
+  main          `python -m harness main` warm (the README's main job)
+  bisect        `python -m harness bisect-check` warm
+  draft-step    production vs the float64 reference ON THE SAME GPU per draft step, at the
+                tiny / small / real-dims presets (benchmarks/bench_draft_step_gpu.py)
+  cpu-tier      the CPU tier (`CI=true python -m pytest`, CUDA hidden) pinned to 2 cores with
+                taskset where present: CI's machine has 2 cores
+Results accumulate in DIR/bench_gpu_tier.json (a later run with --only adds to it, e.g.
+when one call cannot hold every step), and the table printed at the end shows every
+figure in that file with its target and ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STEPS = ("warmup-cold", "warmup-warm", "tier", "main", "bisect", "draft-step", "cpu-tier")
+# issue 13's targets, seconds (draft-step: the reference/production ratio)
+TARGETS = {"tier_cold_s": 300.0, "tier_warm_s": 120.0, "main_warm_s": 20.0, "bisect_warm_s": 60.0,
+           "cpu_tier_s": 90.0, "draft_step_ratio": 3.0}
+
+
+def _run(cmd: list[str], log: pathlib.Path, env: dict) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    return rc, time.perf_counter() - t0
+
+
+def _junit_cases(path: pathlib.Path) -> dict[str, float]:
+    out = {}
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        out[f"{tc.get('classname', '').rsplit('.', 1)[-1]}::{tc.get('name')}"] = float(tc.get("time") or 0)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workers", type=int, default=6)
+    ap.add_argument("--only", default=",".join(STEPS))
+    ap.add_argument("--cache", help="JIT cache root (default OUT/jit-cache; warmup-cold wipes it)")
+    a = ap.parse_args(argv)
+    steps = [s.strip() for s in a.only.split(",") if s.strip()]
+    bad = [s for s in steps if s not in STEPS]
+    if bad:
+        print(f"error: --only {','.join(bad)}: unknown step; known: {','.join(STEPS)}", file=sys.stderr)
+        return 2
+    out = pathlib.Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cache = pathlib.Path(a.cache or out / "jit-cache").resolve()
+    res_path = out / "bench_gpu_tier.json"
+    res = json.loads(res_path.read_text()) if res_path.exists() else {}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYV4_JIT_CACHE": str(cache),
+           "HYV4_ENGINE_KV_CACHE_GIB": os.environ.get("HYV4_ENGINE_KV_CACHE_GIB", "4")}
+    py = sys.executable
+    failed = []
+
+    def record(key, rc, secs, **extra):
+        res[key] = {"rc": rc, "seconds": round(secs, 1), **extra}
+        res_path.write_text(json.dumps(res, indent=1))
+        print(f"{key}: exit {rc}, {secs:.1f} s", flush=True)
+        if rc != 0:
+            failed.append(key)
+
+    for s in steps:
+        if s == "warmup-cold":
+            shutil.rmtree(cache, ignore_errors=True)
+        if s in ("warmup-cold", "warmup-warm"):
+            rep = out / f"{s}.json"
+            rc, secs = _run([py, "-m", "harness", "warmup", "--report", str(rep)], out / f"{s}.log", env)
+            record(s, rc, secs, steps=json.loads(rep.read_text())["steps"] if rep.exists() else None)
+        elif s == "tier":
+            junit = out / "tier-junit.xml"
+            rc, secs = _run([py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rfE",
+                             "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_mutants.py",
+                             "--ignore=tests/gpu/test_multigpu.py", f"--junitxml={junit}"], out / "tier.log", env)
+            record("tier", rc, secs, workers=a.workers, cases=_junit_cases(junit) if junit.exists() else None)
+        elif s == "main":
+            rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main.json")], out / "main.log", env)
+            record("main", rc, secs)
+        elif s == "bisect":
+            rc, secs = _run([py, "-m", "harness", "bisect-check", "--report", str(out / "bisect.json")],
+                            out / "bisect.log", env)
+            record("bisect", rc, secs)
+        elif s == "draft-step":
+            for name, extra in (("tiny", []), ("small", []), ("real-dims", ["--requests", "2", "--tokens", "64"])):
+                log = out / f"draft-step-{name}.log"
+                rc, secs = _run([py, "benchmarks/bench_draft_step_gpu.py", "--preset", name, "--steps", "3",
+                                 "--reference-repeats", "3", "--reference-device", "cuda", *extra], log, env)
+                lines = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
+                record(f"draft-step-{name}", rc, secs, **(json.loads(lines[-1]) if lines else {}))
+        elif s == "cpu-tier":
+            cpu_env = {**env, "CUDA_VISIBLE_DEVICES": "", "CI": "true"}
+            pin = ["taskset", "-c", "0,1"] if shutil.which("taskset") else []
+            rc, secs = _run([*pin, py, "-m", "pytest", "-q", "-n", "2"], out / "cpu-tier.log", cpu_env)
+            record("cpu-tier", rc, secs, pinned_to_2_cores=bool(pin))
+    print_table(res)
+    return 1 if failed else 0
+
+
+def print_table(res: dict) -> None:
+    def sec(k):
+        return res[k]["seconds"] if k in res and res[k]["rc"] == 0 else None
+
+    rows = []
+    if sec("warmup-cold") is not None and sec("tier") is not None:
+        rows.append(("GPU tier, fresh host (warmup cold + tier)", sec("warmup-cold") + sec("tier"), "tier_cold_s"))
+    if sec("warmup-warm") is not None and sec("tier") is not None:
+        rows.append(("GPU tier, kept cache (warmup warm + tier)", sec("warmup-warm") + sec("tier"), "tier_warm_s"))
+    for key, label, target in (("warmup-cold", "warmup, empty cache", None), ("warmup-warm", "warmup, warm", None),
+                               ("tier", "pytest -m gpu (warm, xdist)", None), ("main", "harness main, warm",
+                                                                                "main_warm_s"),
+                               ("bisect", "bisect-check, warm", "bisect_warm_s"),
+                               ("cpu-tier", "CPU tier (2 cores)", "cpu_tier_s")):
+        if key in res:
+            rows.append((f"{label} (exit {res[key]['rc']})", res[key]["seconds"], target))
+    print(f"\n{'figure':52s} {'seconds':>9s} {'target':>8s} {'ratio':>7s}")
+    for label, v, target in rows:
+        t = TARGETS.get(target)
+        print(f"{label:52s} {v:9.1f} {t if t else '':>8} {'' if not t else f'{v / t:7.2f}'}")
+    for name in ("tiny", "small", "real-dims"):
+        r = res.get(f"draft-step-{name}")
+        if r and "production_s_per_step" in r:
+            ratio = r.get("ratio_reference_over_production")
+            print(f"draft step {name:10s}: production {r['production_s_per_step'] * 1e3:8.2f} ms, reference "
+                  f"({r.get('reference_device')}) {r.get('reference_s_per_step', float('nan')) * 1e3:8.2f} ms, "
+                  f"ratio {ratio:.2f} (target <= {TARGETS['draft_step_ratio']:.0f})")
+    tier = res.get("tier", {}).get("cases") or {}
+    if tier:
+        print("\nslowest GPU tests (warm, under xdist):")
+        for name, t in sorted(tier.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"  {t:7.1f} s  {name}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
