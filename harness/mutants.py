@@ -57,7 +57,7 @@ def _extra_cases() -> dict:
 
 
 def case_by_id(case_id: str):
-    from harness.production.side_by_side import GPU_CASES
+    from harness.production.cases import GPU_CASES
 
     extra = _extra_cases()
     if case_id in extra:
@@ -144,7 +144,7 @@ def _param(module, name: str = "weight") -> torch.Tensor:
 
 
 def _router(ctx: Ctx):
-    from harness.production.capture import _find_router
+    from harness.production.module.capture import _find_router
 
     r = _find_router(need(ctx.mlp, "experts", "mlp"))
     if r is None:
@@ -570,7 +570,7 @@ def vllm_hf_config(hf: dict):
 
     from vllm.transformers_utils import config as vcfg
 
-    from harness.production.vllm_config import write_model_dir
+    from harness.production.module.vllm_config import write_model_dir
 
     path = write_model_dir(hf)
     try:
@@ -797,8 +797,8 @@ BY_NAME = {m.name: m for m in CATALOGUE}
 def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
     """Build, load, apply ``mutant`` (None: control), run, judge (as side_by_side.run_case)."""
     import reference as R
-    from harness.production import side_by_side as sbs
-    from harness.production.runner import ProductionSession
+    from harness.production.module import side_by_side as sbs
+    from harness.production.module.runner import ProductionSession
 
     hf, ckpt, _ = sbs.case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
@@ -933,7 +933,7 @@ def run_catalogue(mutants: list[Mutant], *, report: str | None = None, control: 
 
     out: dict = {"controls": {}, "mutants": [], "budget_s": budget_s}
     try:
-        from harness.production.side_by_side import versions
+        from harness.production.module.side_by_side import versions
         out["versions"] = versions()
     except Exception as exc:  # noqa: BLE001
         out["versions"] = {"error": str(exc)}
@@ -984,7 +984,7 @@ def mutants_command(args) -> int:
     from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
 
     if getattr(args, "speculator", False):  # planted bugs in vLLM's speculator, through bisect-check
-        from harness.production import speculator_mutants as S
+        from harness.production.engine import speculator_mutants as S
 
         if args.list:
             print("\n".join(f"{m.name:30s} {m.case:30s} first line names {m.expect!r}: {m.what}"
@@ -1023,7 +1023,7 @@ def mutants_command(args) -> int:
 def add_arguments(p) -> None:
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")
     p.add_argument("--speculator", action="store_true",
-                   help="the planted bugs in vLLM's MTP speculator (harness.production.speculator_mutants), each "
+                   help="the planted bugs in vLLM's MTP speculator (harness.production.engine.speculator_mutants), each "
                         "through bisect-check on its engine case, plus pristine controls")
     p.add_argument("--only", nargs="+", action="extend", default=None, metavar="NAME",
                    help="run only these mutants")

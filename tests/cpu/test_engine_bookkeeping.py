@@ -19,10 +19,10 @@ import torch
 
 import reference as R
 from harness.cases import CASES
-from harness.production import acceptance as A
-from harness.production.bookkeeping import TargetCall, check
-from harness.production.engine import EngineCase, judge_run, verdict_problems
-from harness.production.engine_replay import DraftCall
+from harness.production.engine import acceptance as A
+from harness.production.engine.bookkeeping import TargetCall, check
+from harness.production.engine.run import EngineCase, judge_run, verdict_problems
+from harness.production.engine.replay import DraftCall
 from reference.mtp import compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
 

@@ -11,7 +11,7 @@ from harness.cli import main as cli_main
 
 
 def test_catalogue_entries_complete():
-    from harness.production.side_by_side import PRODUCTION_COMPONENTS
+    from harness.components import PRODUCTION_COMPONENTS
 
     assert len(M.CATALOGUE) >= 25
     assert len(M.BY_NAME) == len(M.CATALOGUE), "mutant names must be unique"

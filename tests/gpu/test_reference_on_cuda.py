@@ -32,7 +32,7 @@ def test_side_by_side_replay_on_cuda_equals_cpu(case_id):
     production's (inputs, hidden states and top-k rows of a reference run)."""
     from reference import flatten
 
-    from harness.production.replay import replay
+    from harness.production.verdict.replay import replay
 
     case = get_case(case_id)
     cfg, w, first = case.config(), case.weights(), case.first_step()

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from harness.production.speculator_mutants import MUTANTS
+from harness.production.engine.speculator_mutants import MUTANTS
 
 pytestmark = pytest.mark.gpu
 
