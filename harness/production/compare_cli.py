@@ -143,7 +143,7 @@ def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
 def _run(case, plant: str | None = None):
     """(result, EXIT_OK, ""), or (None, code, one line) when production failed on the case (``_failure``).
 
-    ``plant``: a mutant of harness/mutants.py applied after loading (a case it
+    ``plant``: a mutant of harness.mutants applied after loading (a case it
     does not apply to runs pristine)."""
     from harness.production.module.side_by_side import run_case
 

@@ -2,7 +2,7 @@
 
 ``_simulate`` lays out recordings the way vLLM 0.33's V2 runner with ``MTPSpeculator``
 produces them (target forward with the acceptance target of
-``harness.production.acceptance``, greedy verification, draft step 0 over the target's
+``harness.production.engine.acceptance``, greedy verification, draft step 0 over the target's
 batch including rejected rows, steps >= 1 one row per request, index sharing with
 compaction), with the draft's outputs computed by the reference. A faithful run must
 pass the whole engine verdict with drafts accepted at the planned rates; each planted

@@ -1,6 +1,6 @@
 """Tensor parallelism on two GPUs: vLLM's HYV4MTP at TP = 2 (one spawned process per
 rank, NCCL, vLLM's own per-rank sharding in ``load_weights``) against TP = 1 and the
-float64 reference, component by component (``harness.production.multigpu``).
+float64 reference, component by component (``harness.production.tp.multigpu``).
 
     python -m pytest -m multigpu tests/gpu/test_multigpu.py
 

@@ -25,7 +25,7 @@ DESIGN.md's "engine capture and replay". What runs (vLLM 0.33.0, all in this pro
 3. Hooks, no change to vLLM: forward pre/post hooks on ``HYV4MTP`` record each
    draft forward's ids, positions, hidden states and the forward context's
    attention metadata (``query_start_loc``, ``seq_lens``, block table); the
-   component hooks of ``capture.py`` record the top-k rows the sparse attention
+   component hooks of ``module/capture.py`` record the top-k rows the sparse attention
    read (and the other components, for diagnostics); instance wrappers of
    ``proposer.propose`` (engine-step boundaries, returned draft tokens) and
    ``HYV4MTP.compute_logits`` (the rows sampled and their argmax) complete it.
@@ -82,7 +82,7 @@ class EngineCase:
     gpu_memory_utilization: float = 0.3
     # "dummy": vLLM's dummy-weight target (drafts never accepted); "acceptance": the
     # target edited in place to continue with a token permutation the draft predicts
-    # per request at a controlled rate (harness.production.acceptance)
+    # per request at a controlled rate (harness.production.engine.acceptance)
     target: str = "dummy"
     patterns: tuple = ()  # acceptance: one pattern of acceptance.PATTERNS per prompt
     # acceptance rate bounds per pattern the run must show (min, max), engine-measured
@@ -776,7 +776,7 @@ def main(argv=None) -> int:
                     help="re-judge the recordings engine_calls_<case>.* saved in DIR (CPU, no vLLM); "
                          "reports to --out as engine_mtp_<case>.rejudge.json")
     ap.add_argument("--mutant", default=os.environ.get("HYV4_SPECULATOR_MUTANT") or None,
-                    help="plant one of harness.production.speculator_mutants.MUTANTS in vLLM's speculator "
+                    help="plant one of harness.production.engine.speculator_mutants.MUTANTS in vLLM's speculator "
                          "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT")
     ap.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     args = ap.parse_args(argv)

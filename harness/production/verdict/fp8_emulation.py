@@ -31,10 +31,10 @@ What vLLM 0.33 does on an H200 (SM90) for an FP8 MTP checkpoint (read off
 ``Fp8Numerics`` is ``reference.PRODUCTION`` plus that activation quantization
 in ``linear`` for the weights vLLM holds in FP8 (recognised by storage);
 ``emulate`` runs the reference's proposer loop with it, shapes the result
-like a production trace and judges it with ``side_by_side.judge`` against the
+like a production trace and judges it with ``verdict.judge.judge`` against the
 EXACT reference, which gives the max errors the FP8 tolerances start from.
 
-    python -m harness.production.fp8_emulation [--case ID ...] [--variant ...]
+    python -m harness.production.verdict.fp8_emulation [--case ID ...] [--variant ...]
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def emulated_production_trace(case, variant: str = "deepgemm-e8m0") -> dict:
 
 
 def emulate(case, variant: str = "deepgemm-e8m0", tolerances: dict | None = None) -> dict:
-    """``side_by_side.judge`` of the emulated FP8 production trace (rows carry the max errors)."""
+    """``judge.judge`` of the emulated FP8 production trace (rows carry the max errors)."""
     from harness.production.verdict.judge import judge
     return judge(case, emulated_production_trace(case, variant), {}, tolerances=tolerances)
 
