@@ -26,7 +26,7 @@ import torch
 import reference as R
 from harness.checkpoint.names import to_checkpoint
 from harness.presets import preset
-from harness.production.runner import ProductionSession
+from harness.production.module.runner import ProductionSession
 
 
 def main(argv=None) -> dict:

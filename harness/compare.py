@@ -18,26 +18,15 @@ import math
 
 import torch
 
-# Dataflow order of one step (DESIGN.md's canonical names).
-COMPONENTS = (
-    "embed", "embed_masked", "enorm", "hnorm", "eh_proj", "attn.q_c", "attn.kv_c", "attn.q",
-    "attn.k_pe", "indexer.q_fp8", "indexer.q_scale", "indexer.k", "indexer.weights",
-    "indexer.scores", "indexer.topk", "attn.topk", "attn.core", "attn.gate", "attn.out",
-    "attn.residual", "moe.router_logits", "moe.topk_ids", "moe.topk_weights", "moe.routed",
-    "moe.shared", "mlp.out", "final_norm", "logits", "draft_token",
-)
-INDEX_COMPONENTS = ("indexer.topk", "attn.topk", "moe.topk_ids")
+from harness.components import INDEX_COMPONENTS, REFERENCE_COMPONENTS, Tolerance
+
+# Dataflow order of one step (DESIGN.md's canonical names): the components the reference's trace
+# holds, from the registry (harness/components.py). Index components compare as sets.
+COMPONENTS = REFERENCE_COMPONENTS
 
 
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-    why: str  # the rounding this absorbs
-
-
-# Production tolerances (measured on an H200, keyed by quant) live in
-# harness/production/tolerances.py; this module only applies them.
+# Production tolerances (measured on an H200, keyed by quant) live in the registry
+# (harness/components.py); this module only applies them.
 # Exact reference vs a stored golden of the same reference: float64 rounding only.
 VS_GOLDEN_REFERENCE = Tolerance(1e-10, 1e-10, "float64 summation order across torch builds/CPUs")
 

@@ -65,7 +65,7 @@ def _input_error_types() -> tuple[type, ...]:
 
 def _is_load_failure(exc: BaseException) -> bool:
     try:
-        from .production.audit import LoadAuditError
+        from .production.module.audit import LoadAuditError
     except ImportError:  # pragma: no cover - the audit module imports torch only
         return False
     return isinstance(exc, LoadAuditError)

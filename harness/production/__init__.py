@@ -1,4 +1,12 @@
-"""vLLM's real ``HYV4MTP`` on CUDA, driven module-level as the MTP proposer drives it.
+"""vLLM's real ``HYV4MTP`` on CUDA, side by side with the reference (map: README.md here).
+
+    cases.py      the side-by-side cases and their inputs (CPU)
+    module/       the module-level path: build, load, hook and run ``HYV4MTP`` as the proposer does
+    verdict/      CPU: the reference replayed on production's inputs, tolerances, the judge, FP8 emulation
+    engine/       the engine path: ``vllm.LLM`` with vLLM's own MTP speculator, recorded and replayed
+    tp/           tensor parallelism: one process per rank, rank traces merged by the registry's rules
+    goldens/      production goldens: vLLM's own trace recorded per platform, checked tightly
+    compare_cli.py  ``python -m harness compare`` / ``bisect-check`` over all of the above
 
 API:
     out = run_production(hf_config, weights_ckpt, first, steps)   # {"step0.attn.core": ...}
@@ -9,7 +17,7 @@ Everything here imports vLLM lazily, so ``import harness.production`` works on
 machines without vLLM or CUDA (the GPU tests skip there).
 """
 
-from .checkpoint_cast import cast_for_vllm
-from .runner import ProductionSession, run_production
+from .module.checkpoint_cast import cast_for_vllm
+from .module.runner import ProductionSession, run_production
 
 __all__ = ["ProductionSession", "cast_for_vllm", "run_production"]

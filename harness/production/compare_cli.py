@@ -37,7 +37,7 @@ def _case_for(args):
     from harness.presets import check_kernel_constraints, preset
     from reference import ConfigError, MTPConfig
 
-    from .side_by_side import GPU_CASES, GpuCase
+    from harness.production.cases import GPU_CASES, GpuCase
 
     ckpt = args.ckpt or "preset:tiny"
     if os.path.isdir(ckpt):
@@ -80,7 +80,7 @@ def _case_for(args):
 
 
 def _engine_cases():
-    from .engine import ENGINE_CASES
+    from harness.production.engine.run import ENGINE_CASES
     return ENGINE_CASES
 
 
@@ -111,8 +111,8 @@ def validate_args(command: str, args) -> None:
             raise CLIError("--steps must be >= 1")
         _case_for(args)
     elif command == "bisect_command":
-        from .engine import ENGINE_CASES
-        from .side_by_side import GPU_CASES
+        from harness.production.engine.run import ENGINE_CASES
+        from harness.production.cases import GPU_CASES
 
         unknown = [c for c in (args.case or []) if c not in GPU_CASES and c not in ENGINE_CASES]
         if unknown:
@@ -133,7 +133,7 @@ def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
     JIT failure) means "cannot judge" (exit 125), never "numeric mismatch":
     git bisect then skips the commit instead of blaming it.
     """
-    from .audit import LoadAuditError
+    from harness.production.module.audit import LoadAuditError
 
     if isinstance(exc, LoadAuditError):
         return None, EXIT_MISMATCH, f"{load_failure_line(exc)} ({what})"
@@ -143,9 +143,9 @@ def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
 def _run(case, plant: str | None = None):
     """(result, EXIT_OK, ""), or (None, code, one line) when production failed on the case (``_failure``).
 
-    ``plant``: a mutant of harness/mutants.py applied after loading (a case it
+    ``plant``: a mutant of harness.mutants applied after loading (a case it
     does not apply to runs pristine)."""
-    from .side_by_side import run_case
+    from harness.production.module.side_by_side import run_case
 
     try:
         if plant is not None:
@@ -163,7 +163,7 @@ def _run_tp(case, tp: int):
     """(run_case_tp result, EXIT_OK, "") or (None, code, one line): ``case`` at TP = ``tp`` on ``tp`` GPUs."""
     import torch
 
-    from .multigpu import TPWorkers, run_case_tp
+    from harness.production.tp.multigpu import TPWorkers, run_case_tp
 
     if torch.cuda.device_count() < tp:
         return None, EXIT_CANNOT_JUDGE, f"cannot judge: --tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
@@ -182,7 +182,7 @@ def compare_command(args) -> int:
             raise CLIError("--tp applies to side-by-side cases; engine cases run at TP = 1")
         engine, verdict = run_engine_cases([case])
         if args.report:
-            from .side_by_side import versions
+            from harness.production.module.side_by_side import versions
             _write_report(args.report, {}, {"versions": versions(), "engine": engine})
         return verdict
     if tp > 1:
@@ -198,7 +198,7 @@ def compare_command(args) -> int:
         if result is None:
             print(line)
             return code
-    from .side_by_side import format_rows, versions
+    from harness.production.module.side_by_side import format_rows, versions
 
     print(format_rows(result))
     reports = {case.id if tp == 1 else f"{case.id}/tp{tp}": result["_report"]}
@@ -226,10 +226,11 @@ def _write_report(path, reports, meta) -> None:
 def bisect_command(args) -> int:
     from harness.regimes import coverage, uncovered
 
-    from .goldens_gpu import check_production_golden
-    from .side_by_side import GPU_CASES, format_regimes, versions
+    from harness.production.goldens.goldens_gpu import check_production_golden
+    from harness.production.cases import GPU_CASES
+    from harness.production.module.side_by_side import format_regimes, versions
 
-    from .engine import ENGINE_CASES
+    from harness.production.engine.run import ENGINE_CASES
 
     ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
     engine_ids = [c for c in ids if c in ENGINE_CASES]

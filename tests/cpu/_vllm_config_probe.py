@@ -115,8 +115,8 @@ def _fake_cuda_runtime() -> None:
 
 
 def _config_lines(ids: list[str]) -> None:
-    from harness.production.side_by_side import GPU_CASES, case_inputs
-    from harness.production.vllm_config import build_vllm_config
+    from harness.production.cases import case_inputs, GPU_CASES
+    from harness.production.module.vllm_config import build_vllm_config
 
     for cid in ids:
         case = GPU_CASES[cid]
@@ -180,10 +180,10 @@ def _load_lines(cid: str) -> None:
     import vllm.platforms as P
     from vllm.config import set_current_vllm_config
 
-    from harness.production import build
-    from harness.production.checkpoint_cast import cast_for_vllm
-    from harness.production.side_by_side import GPU_CASES, case_inputs
-    from harness.production.vllm_config import build_vllm_config
+    from harness.production.module import build
+    from harness.production.module.checkpoint_cast import cast_for_vllm
+    from harness.production.cases import case_inputs, GPU_CASES
+    from harness.production.module.vllm_config import build_vllm_config
 
     case = GPU_CASES[cid]
     hf, ckpt, weights = case_inputs(case)
@@ -217,7 +217,7 @@ def _load_lines(cid: str) -> None:
             mismatches.append(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
         elif not torch.equal(got, want.to(torch.float64)):
             mismatches.append(f"{name}: max |d| {float((got - want).abs().max()):.3e}")
-    from harness.production.side_by_side import fp8_kernel_notes
+    from harness.production.module.side_by_side import fp8_kernel_notes
     notes = fp8_kernel_notes(model)
     print(json.dumps({"id": cid, "n_params": len(params), "unloaded": sorted(set(params) - loaded),
                       "warnings": tap.messages, "mismatches": mismatches, "dtypes": dtypes,
@@ -231,8 +231,8 @@ def _build_lines(path: str) -> None:
     import torch
     import vllm.platforms as P
 
-    from harness.production import build
-    from harness.production.vllm_config import build_vllm_config
+    from harness.production.module import build
+    from harness.production.module.vllm_config import build_vllm_config
 
     with open(path) as f:
         configs = json.load(f)

@@ -13,9 +13,9 @@ import reference as R
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
 from harness.production import compare_cli
-from harness.production import goldens_gpu
-from harness.production import side_by_side as sbs
-from harness.production.fp8_emulation import as_production_trace
+from harness.production.goldens import goldens_gpu
+from harness.production.module import side_by_side as sbs
+from harness.production.verdict.fp8_emulation import as_production_trace
 from harness.regimes import REGIMES
 
 

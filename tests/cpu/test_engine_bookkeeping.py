@@ -2,7 +2,7 @@
 
 ``_simulate`` lays out recordings the way vLLM 0.33's V2 runner with ``MTPSpeculator``
 produces them (target forward with the acceptance target of
-``harness.production.acceptance``, greedy verification, draft step 0 over the target's
+``harness.production.engine.acceptance``, greedy verification, draft step 0 over the target's
 batch including rejected rows, steps >= 1 one row per request, index sharing with
 compaction), with the draft's outputs computed by the reference. A faithful run must
 pass the whole engine verdict with drafts accepted at the planned rates; each planted
@@ -19,10 +19,10 @@ import torch
 
 import reference as R
 from harness.cases import CASES
-from harness.production import acceptance as A
-from harness.production.bookkeeping import TargetCall, check
-from harness.production.engine import EngineCase, judge_run, verdict_problems
-from harness.production.engine_replay import DraftCall
+from harness.production.engine import acceptance as A
+from harness.production.engine.bookkeeping import TargetCall, check
+from harness.production.engine.run import EngineCase, judge_run, verdict_problems
+from harness.production.engine.replay import DraftCall
 from reference.mtp import compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
 

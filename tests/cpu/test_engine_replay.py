@@ -15,10 +15,10 @@ import torch
 import reference as R
 from harness.cases import CASES
 from harness.compare import logit_margin_decisive
-from harness.production.engine import match_rows, verdict_problems, worst_exit_code
-from harness.production.engine_replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
+from harness.production.engine.run import match_rows, verdict_problems, worst_exit_code
+from harness.production.engine.replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
                                               token_requests)
-from harness.production.tolerances import tolerances_for
+from harness.production.verdict.tolerances import tolerances_for
 
 LOGITS_TOL = tolerances_for("bf16")["logits"]
 
@@ -232,7 +232,7 @@ def _simulated_engine(cfg, k_steps=2, engine_steps=3, stale=True):
 def test_judge_run_report_of_a_faithful_engine_passes():
     import json
 
-    from harness.production.engine import EngineCase, judge_run
+    from harness.production.engine.run import EngineCase, judge_run
 
     case = CASES["tiny-share-indexer"]
     cfg, w = case.config(), case.weights()
@@ -280,9 +280,9 @@ def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
 
 
 def test_recording_round_trip_and_rejudge(tmp_path):
-    from harness.production.engine import EngineCase, judge_run, main, rejudge
-    from harness.production.engine_replay import load_recording, save_recording
-    from harness.production.side_by_side import GpuCase, case_inputs
+    from harness.production.engine.run import EngineCase, judge_run, main, rejudge
+    from harness.production.engine.replay import load_recording, save_recording
+    from harness.production.cases import case_inputs, GpuCase
 
     case = EngineCase("sim-rejudge", overrides=(("index_share_for_mtp_iteration", True),), seed=5,
                       num_speculative_tokens=2)
@@ -330,7 +330,7 @@ def test_recording_round_trip_and_rejudge(tmp_path):
 
 
 def test_derived_weights_are_exempt_only_when_verified():
-    from harness.production.engine import exempt_derived
+    from harness.production.engine.run import exempt_derived
 
     a, b, c = "m.l.mla_attn.W_UK_T", "m.l.mla_attn.W_UV", "m.l.enorm.weight"
     problems = [f"{a}: received no checkpoint value", f"{c}: received no checkpoint value",

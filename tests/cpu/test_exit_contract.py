@@ -53,7 +53,7 @@ class ProductionReached(AssertionError):
 def gpu_host(monkeypatch):
     """Looks like a GPU host; the production run itself must not be reached (stub raises)."""
     from harness import runtime
-    from harness.production import side_by_side
+    from harness.production.module import side_by_side
 
     def must_not_run(case, **kw):
         raise ProductionReached(f"production reached for {case.id}: the input was not validated first")
@@ -328,7 +328,7 @@ def test_good_checkpoint_without_a_gpu_cannot_be_judged(bases, tmp_path, capsys,
 
 def _production_raises(monkeypatch, exc):
     from harness import runtime
-    from harness.production import side_by_side
+    from harness.production.module import side_by_side
 
     from harness.production import compare_cli
 
@@ -354,7 +354,7 @@ UNLOADED = ["model.layers.3.mtp_block.mlp.gate.e_score_correction_bias: received
 
 @pytest.mark.parametrize("argv", [["compare"], ["compare", "preset:small", "--steps", "1"], ["bisect-check"]])
 def test_vllm_load_failure_is_a_bad_commit(argv, monkeypatch, capsys, tmp_path):
-    from harness.production.audit import LoadAuditError
+    from harness.production.module.audit import LoadAuditError
 
     _production_raises(monkeypatch, LoadAuditError(UNLOADED))
     code, lines, text = _run(capsys, *argv, "--report", tmp_path / "r.json")
@@ -378,8 +378,9 @@ def test_tp_rank_load_failure_is_a_bad_commit(monkeypatch, capsys):
     import torch.cuda
 
     from harness import runtime
-    from harness.production import compare_cli, multigpu
-    from harness.production.audit import LoadAuditError
+    from harness.production import compare_cli
+    from harness.production.tp import multigpu
+    from harness.production.module.audit import LoadAuditError
 
     class Workers:
         def __init__(self, tp):
@@ -471,7 +472,7 @@ def test_bad_arguments_are_one_line_exit_2(case_id, argv, culprits, tmp_path, ca
 
 def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     from harness import runtime
-    from harness.production import engine
+    from harness.production.engine import run as engine
 
     case = sorted(engine.ENGINE_CASES)[0]
     _assert_one_line(*_run(capsys, "--case", "no-such-case", main=engine.main), 2, "no-such-case")
@@ -482,7 +483,7 @@ def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     _assert_one_line(*_run(capsys, "--case", case, "--out", tmp_path / "file", main=engine.main), 2,
                      "exists and is not a directory")
     # a crash inside vLLM: 125; a load failure: 1; each one line, the traceback only in the report
-    from harness.production.audit import LoadAuditError
+    from harness.production.module.audit import LoadAuditError
 
     for exc, want in ((RuntimeError("engine core died"), 125), (LoadAuditError(UNLOADED[:1]), 1)):
         def run_case(c, out=None, mutant=None, _e=exc):

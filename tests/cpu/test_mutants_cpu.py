@@ -11,7 +11,7 @@ from harness.cli import main as cli_main
 
 
 def test_catalogue_entries_complete():
-    from harness.production.side_by_side import PRODUCTION_COMPONENTS
+    from harness.components import PRODUCTION_COMPONENTS
 
     assert len(M.CATALOGUE) >= 25
     assert len(M.BY_NAME) == len(M.CATALOGUE), "mutant names must be unique"
@@ -87,7 +87,7 @@ def test_run_catalogue_outcomes_and_report(monkeypatch, tmp_path):
         return {"passed": False, "first_divergent": f"step0.{mutant.component}",
                 "rows": [{"key": f"step0.{mutant.component}", "passed": False}]}, []
 
-    monkeypatch.setattr(M, "_run", fake_run)
+    monkeypatch.setattr(M.driver, "_run", fake_run)
     names = ["lm-head-zero", "sink-twice", "sink-dropped", "softmax-scale-latent", "headwise-gate-tiled"]
     report = tmp_path / "r.json"
     out = M.run_catalogue(M.select(names), report=str(report), log=lambda s: None)

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import reference as R
-from harness.production import side_by_side as sbs
-from harness.production.checkpoint_cast import cast_for_vllm
-from harness.production.fp8_emulation import (VARIANTS, as_production_trace, emulate, emulated_production_trace,
+from harness.production.module import side_by_side as sbs
+from harness.production.module.checkpoint_cast import cast_for_vllm
+from harness.production.verdict.fp8_emulation import (VARIANTS, as_production_trace, emulate, emulated_production_trace,
                                               quantize_act)
-from harness.production.tolerances import (GPU_VS_REFERENCE, GPU_VS_REFERENCE_BY_QUANT, tolerance,
+from harness.production.verdict.tolerances import (GPU_VS_REFERENCE, GPU_VS_REFERENCE_BY_QUANT, tolerance,
                                            tolerances_for)
 from reference.fp8 import dequantize_block
 

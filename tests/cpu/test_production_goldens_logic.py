@@ -11,9 +11,10 @@ import pytest
 
 import reference as R
 from harness import goldens
-from harness.production import goldens_gpu as g
-from harness.production import side_by_side as sbs
-from harness.production.fp8_emulation import as_production_trace
+from harness.components import PRODUCTION_COMPONENTS
+from harness.production.goldens import goldens_gpu as g
+from harness.production.module import side_by_side as sbs
+from harness.production.verdict.fp8_emulation import as_production_trace
 
 PLATFORM = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "vllm": "0.33.0"}
 
@@ -110,7 +111,7 @@ def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3s
     for must in ("indexer.k", "indexer.q_deq", "indexer.q_scale", "indexer.topk", "attn.topk", "embed", "attn.q_c"):
         assert must in _by_step(stored)["step0"], must
     assert g.stored_components("tiny-k3-share", tmp_path) == [
-        c for c in sbs.PRODUCTION_COMPONENTS if c in _by_step(compared)["step0"]]
+        c for c in PRODUCTION_COMPONENTS if c in _by_step(compared)["step0"]]
     assert g.check_production_golden("tiny-k3-share", k3share, tmp_path).passed
 
 

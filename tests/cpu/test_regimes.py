@@ -11,9 +11,9 @@ import torch
 
 import reference as R
 from harness import regimes
-from harness.production import side_by_side as sbs
+from harness.production.module import side_by_side as sbs
 from harness.production.compare_cli import DEFAULT_BISECT_CASES
-from harness.production.fp8_emulation import as_production_trace
+from harness.production.verdict.fp8_emulation import as_production_trace
 from reference import probes
 
 CLAMP_CASE = "tiny-k2-clamp-headwise"

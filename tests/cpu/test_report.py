@@ -9,7 +9,7 @@ import sys
 import torch
 
 from harness.compare import compare_traces
-from harness.production.tolerances import GPU_VS_REFERENCE as VS_PRODUCTION
+from harness.production.verdict.tolerances import GPU_VS_REFERENCE as VS_PRODUCTION
 from harness.report import diff, plot, read_report, write_report
 
 

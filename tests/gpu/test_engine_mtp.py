@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from harness.production.engine import ENGINE_CASES, rejudge, verdict_problems
+from harness.production.engine.run import ENGINE_CASES, rejudge, verdict_problems
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """Tensor parallelism on two GPUs: vLLM's HYV4MTP at TP = 2 (one spawned process per
 rank, NCCL, vLLM's own per-rank sharding in ``load_weights``) against TP = 1 and the
-float64 reference, component by component (``harness.production.multigpu``).
+float64 reference, component by component (``harness.production.tp.multigpu``).
 
     python -m pytest -m multigpu tests/gpu/test_multigpu.py
 
@@ -28,7 +28,7 @@ TP_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers", "tiny-k2-no
 
 
 def _case(case_id: str):
-    from harness.production.side_by_side import GPU_CASES, GpuCase
+    from harness.production.cases import GPU_CASES, GpuCase
     if case_id == "tp2-k2-fp8-split-long":
         # FP8 at TP=2 needs 128-divisible per-rank shards: the tiny preset's routed
         # intermediate (128) splits to 64 (vLLM refuses), so this case doubles it
@@ -41,13 +41,13 @@ _OUT = os.environ.get("HYV4_GPU_OUT") or os.environ.get("OUT")
 
 @pytest.fixture(scope="module")
 def tp2():
-    from harness.production.multigpu import TPWorkers
+    from harness.production.tp.multigpu import TPWorkers
     with TPWorkers(2) as w:
         yield w
 
 
 def _record(res: dict) -> None:
-    from harness.production.multigpu import summary
+    from harness.production.tp.multigpu import summary
     if not _OUT:
         return
     os.makedirs(_OUT, exist_ok=True)
@@ -57,7 +57,8 @@ def _record(res: dict) -> None:
 
 def _check(res: dict, case) -> None:
     import reference as R
-    from harness.production.side_by_side import case_inputs, format_rows
+    from harness.production.cases import case_inputs
+    from harness.production.module.side_by_side import format_rows
 
     _record(res)
     problems = {k: v for k, v in res["rules"].items() if v.startswith("problem")}
@@ -84,7 +85,7 @@ def _check(res: dict, case) -> None:
 
 @pytest.mark.parametrize("case_id", TP_CASES)
 def test_tp2_matches_tp1_and_reference(tp2, case_id):
-    from harness.production.multigpu import run_case_tp
+    from harness.production.tp.multigpu import run_case_tp
 
     case = _case(case_id)
     _check(run_case_tp(tp2, case), case)
@@ -95,8 +96,8 @@ def test_tp2_matches_tp1_and_reference(tp2, case_id):
        steps=st.integers(1, 3), share=st.booleans(), experts=st.sampled_from(["split", "fused"]))
 def test_property_tp2_equals_tp1(tp2, seed, requests, tokens, steps, share, experts):
     """Random ragged batches, contexts below and above index_topk, sharing on/off."""
-    from harness.production.multigpu import run_case_tp
-    from harness.production.side_by_side import GpuCase
+    from harness.production.tp.multigpu import run_case_tp
+    from harness.production.cases import GpuCase
 
     case = GpuCase(f"prop-tp2-s{seed}-r{requests}-t{tokens}-k{steps}-{'share' if share else 'own'}-{experts}",
                    overrides=(("index_share_for_mtp_iteration", share),), seed=seed, requests=requests,

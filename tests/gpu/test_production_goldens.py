@@ -7,8 +7,9 @@ import warnings
 
 import pytest
 
-from harness.production.goldens_gpu import GOLDEN_CASES, check_production_golden, has_golden, platform, record
-from harness.production.side_by_side import GPU_CASES, run_case
+from harness.production.goldens.goldens_gpu import GOLDEN_CASES, check_production_golden, has_golden, platform, record
+from harness.production.cases import GPU_CASES
+from harness.production.module.side_by_side import run_case
 
 pytestmark = pytest.mark.gpu
 

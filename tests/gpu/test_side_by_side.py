@@ -8,7 +8,7 @@ through ``HYV4MTP.load_weights`` (bf16 checkpoint, fp32 router/bias/sink/k_norm;
 the FP8 cases, ``-k fp8``, load a block-FP8 checkpoint as stored: e4m3 weights,
 float32 or UE8M0 scales, split / fused experts, expert ``.scale`` names),
 runs K proposer steps and compares every hooked component with the float64
-reference under ``harness.production.tolerances`` (one explicit atol/rtol per
+reference under ``harness.production.verdict.tolerances`` (one explicit atol/rtol per
 component, each with the rounding it absorbs).
 """
 
@@ -19,7 +19,8 @@ import os
 
 import pytest
 
-from harness.production.side_by_side import GPU_CASES, PROBE_CASES, format_rows, run_case
+from harness.production.cases import GPU_CASES, PROBE_CASES
+from harness.production.module.side_by_side import format_rows, run_case
 
 pytestmark = pytest.mark.gpu
 
@@ -53,8 +54,8 @@ def test_post_load_audit_names_a_missing_parameter():
     """A checkpoint lacking the sink must fail the load, naming the parameter."""
     import reference as R
     from harness.checkpoint.names import to_checkpoint
-    from harness.production.audit import LoadAuditError
-    from harness.production.runner import ProductionSession
+    from harness.production.module.audit import LoadAuditError
+    from harness.production.module.runner import ProductionSession
 
     case = GPU_CASES["tiny-k1"]
     hf = case.hf_config()
@@ -77,6 +78,6 @@ def test_layers_naming_with_two_mtp_layers_leaves_layer_1_unloaded():
     """vLLM 0.33's loader recognises model.layers.<n+i> only for i < max(n_predict - 1, 1):
     with num_nextn_predict_layers=2 the second MTP layer gets no weights. The
     audit must name them (vLLM itself only logs a warning)."""
-    from harness.production.audit import LoadAuditError
+    from harness.production.module.audit import LoadAuditError
     with pytest.raises(LoadAuditError, match=r"model\.layers\.3\.mtp_block"):
         run_case(PROBE_CASES["probe-two-mtp-layers-naming"])

@@ -1,9 +1,9 @@
 """GPU tier: planted bugs in vLLM's MTP speculator fail the engine verdict, named first.
 
-Each mutant of ``harness.production.speculator_mutants`` patches vLLM's V2 speculator
+Each mutant of ``harness.production.engine.speculator_mutants`` patches vLLM's V2 speculator
 in the engine's own process (``python -m harness.production.engine --case C --mutant M``)
 and must exit 1 with a first problem naming the quantity it breaks; the pristine runs
-are ``test_engine_mtp.py``. ``python -m harness.production.speculator_mutants`` runs the
+are ``test_engine_mtp.py``. ``python -m harness.production.engine.speculator_mutants`` runs the
 same catalogue through ``bisect-check``.
 """
 
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from harness.production.speculator_mutants import MUTANTS
+from harness.production.engine.speculator_mutants import MUTANTS
 
 pytestmark = pytest.mark.gpu
 

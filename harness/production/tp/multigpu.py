@@ -38,13 +38,11 @@ import traceback
 
 import torch
 
-from harness.compare import INDEX_COMPONENTS, index_rows_differing
-
-HEAD_SHARDED = ("attn.q", "attn.core", "attn.gate")
-# HYV4MoE builds its shared experts with reduce_results=False: each rank's module
-# output is its intermediate slice's partial sum, all-reduced later together with
-# the routed experts' partial sums inside FusedMoE.
-PARTIAL_SUM = ("moe.shared",)
+from harness.compare import index_rows_differing
+# The merge rule of each component is its registry record's ``tp``. HYV4MoE builds its shared
+# experts with reduce_results=False: each rank's module output is its intermediate slice's partial
+# sum, all-reduced later together with the routed experts' partial sums inside FusedMoE.
+from harness.components import HEAD_SHARDED, INDEX_COMPONENTS, PARTIAL_SUM
 
 
 def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
@@ -54,8 +52,8 @@ def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
     from safetensors.torch import save_file
 
     import reference as R
-    from harness.production.runner import ProductionSession
-    from harness.production.side_by_side import _case_from_dict, case_inputs
+    from harness.production.module.runner import ProductionSession
+    from harness.production.cases import _case_from_dict, case_inputs
 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
@@ -83,7 +81,7 @@ def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
             del sess
             torch.cuda.empty_cache()
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
-            from harness.production.audit import LoadAuditError
+            from harness.production.module.audit import LoadAuditError
 
             results.put((rank, job_id, {"ok": False, "error": f"{exc.__class__.__name__}: {exc}",
                                       "traceback": traceback.format_exc(),
@@ -116,7 +114,7 @@ class TPWorkers:
     def __enter__(self) -> "TPWorkers":
         import torch.multiprocessing as mp
 
-        from harness.production.build import free_port
+        from harness.production.module.build import free_port
 
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
@@ -139,7 +137,7 @@ class TPWorkers:
 
         import reference as R
         from harness.presets import check_kernel_constraints
-        from harness.production.side_by_side import case_inputs
+        from harness.production.cases import case_inputs
 
         hf = case_inputs(case)[0]
         check_kernel_constraints(R.MTPConfig.from_hf_dict(hf), quantized=case.quant != "bf16", tp=self.tp)
@@ -160,7 +158,7 @@ class TPWorkers:
                 got[rank] = info
         for r in range(self.tp):
             if not got[r]["ok"] and got[r].get("audit_problems"):  # vLLM's load failed: a bad commit (exit 1)
-                from harness.production.audit import LoadAuditError
+                from harness.production.module.audit import LoadAuditError
 
                 raise LoadAuditError([f"rank {r}: {p}" for p in got[r]["audit_problems"]])
             if not got[r]["ok"]:
@@ -240,8 +238,10 @@ def run_case_tp(workers: TPWorkers, case) -> dict:
     """``case`` at TP = ``workers.tp`` and in this process at TP = 1, each judged against
     the reference; plus TP vs TP = 1 (``result["tp_vs_tp1"]``) and the merge rules."""
     from harness import compare
-    from harness.production.side_by_side import PRODUCTION_COMPONENTS, judge, run_case
-    from harness.production.tolerances import tolerances_for
+    from harness.components import PRODUCTION_COMPONENTS
+    from harness.production.module.side_by_side import run_case
+    from harness.production.verdict.judge import judge
+    from harness.production.verdict.tolerances import tolerances_for
 
     tp1 = run_case(case)
     ranks, infos = workers.run(case)

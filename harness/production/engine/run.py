@@ -25,7 +25,7 @@ DESIGN.md's "engine capture and replay". What runs (vLLM 0.33.0, all in this pro
 3. Hooks, no change to vLLM: forward pre/post hooks on ``HYV4MTP`` record each
    draft forward's ids, positions, hidden states and the forward context's
    attention metadata (``query_start_loc``, ``seq_lens``, block table); the
-   component hooks of ``capture.py`` record the top-k rows the sparse attention
+   component hooks of ``module/capture.py`` record the top-k rows the sparse attention
    read (and the other components, for diagnostics); instance wrappers of
    ``proposer.propose`` (engine-step boundaries, returned draft tokens) and
    ``HYV4MTP.compute_logits`` (the rows sampled and their argmax) complete it.
@@ -64,11 +64,10 @@ import torch
 
 from harness.atomic import atomic_write_json
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK
-
-from . import audit, build, capture
-from .checkpoint_cast import cast_for_vllm
-from .engine_replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording, replay,
-                            run_facts, save_recording)
+from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
+                                              replay, run_facts, save_recording)
+from harness.production.module import audit, build, capture
+from harness.production.module.checkpoint_cast import cast_for_vllm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +82,7 @@ class EngineCase:
     gpu_memory_utilization: float = 0.3
     # "dummy": vLLM's dummy-weight target (drafts never accepted); "acceptance": the
     # target edited in place to continue with a token permutation the draft predicts
-    # per request at a controlled rate (harness.production.acceptance)
+    # per request at a controlled rate (harness.production.engine.acceptance)
     target: str = "dummy"
     patterns: tuple = ()  # acceptance: one pattern of acceptance.PATTERNS per prompt
     # acceptance rate bounds per pattern the run must show (min, max), engine-measured
@@ -122,7 +121,7 @@ ENGINE_KV_GIB_ENV = "HYV4_ENGINE_KV_CACHE_GIB"  # set by .ci/gpu-tier when tests
 
 def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
     """``vllm.LLM`` / ``EngineArgs`` arguments: eager, block 64, no tokenizer, dummy weights, MTP."""
-    from .vllm_config import BLOCK_SIZE
+    from harness.production.module.vllm_config import BLOCK_SIZE
 
     kw = {}
     gib = os.environ.get(ENGINE_KV_GIB_ENV, "").strip()
@@ -145,7 +144,7 @@ def build_llm(hf_config: dict, case: EngineCase):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core + worker in this process
     from vllm import LLM
 
-    from .vllm_config import write_model_dir
+    from harness.production.module.vllm_config import write_model_dir
 
     return LLM(**engine_kwargs(write_model_dir(hf_config), case))
 
@@ -489,7 +488,7 @@ class TargetTap:
         self._pending = None
 
     def _record(self, output) -> None:
-        from .bookkeeping import TargetCall
+        from harness.production.engine.bookkeeping import TargetCall
 
         ids, pos = self._pending
         _, md = layer_metadata(self.layer_name)
@@ -540,7 +539,7 @@ def _describe(mds, prefixes) -> dict:
 
 def prompts_for(case: EngineCase, vocab: int, plan=None) -> list[list[int]]:
     if case.target == "acceptance":
-        from .acceptance import prompts
+        from harness.production.engine.acceptance import prompts
         return prompts(plan, case.patterns, case.prompt_lens, case.seed)
     g = torch.Generator().manual_seed(case.seed)
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in case.prompt_lens]
@@ -549,14 +548,14 @@ def prompts_for(case: EngineCase, vocab: int, plan=None) -> list[list[int]]:
 def engine_inputs(case: EngineCase):
     """(hf config, checkpoint tensors for the draft, reference weights, acceptance plan or None)."""
     import reference as R
-    from harness.production.side_by_side import GpuCase, case_inputs
+    from harness.production.cases import case_inputs, GpuCase
 
     from harness.checkpoint.names import to_checkpoint
 
     hf, ckpt, weights = case_inputs(GpuCase(case.id, preset=case.preset, overrides=case.overrides, seed=case.seed))
     if case.target != "acceptance":
         return hf, ckpt, weights, None
-    from .acceptance import acceptance_weights, plan_for
+    from harness.production.engine.acceptance import acceptance_weights, plan_for
 
     cfg = R.MTPConfig.from_hf_dict(hf)
     plan = plan_for(cfg.hidden_size, cfg.vocab_size, case.seed)
@@ -568,7 +567,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     """Build, load, hook, generate, replay, judge; the report as a JSON-able dict."""
     import reference as R
     from harness.presets import check_kernel_constraints
-    from harness.production.side_by_side import versions
+    from harness.production.module.side_by_side import versions
 
     t0 = time.perf_counter()
     hf, ckpt, weights, plan = engine_inputs(case)
@@ -576,7 +575,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     check_kernel_constraints(cfg)
     rep: dict = {"case": dataclasses.asdict(case), "versions": versions(), "timing_s": {}}
     if mutant:
-        from .speculator_mutants import apply_mutant
+        from harness.production.engine.speculator_mutants import apply_mutant
         rep["mutant"] = apply_mutant(mutant)
         log("planted speculator bug:", json.dumps(rep["mutant"]))
     llm = build_llm(hf, case)
@@ -591,7 +590,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     rep["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)
     log("load:", json.dumps(rep["load"]))
     if plan is not None:
-        from .acceptance import edit_target
+        from harness.production.engine.acceptance import edit_target
         rep["target_edits"] = edit_target(target, weights["embed_tokens"], weights["lm_head"])
         log("target edited:", len(rep["target_edits"]["zeroed"]), "output projections zeroed")
     tap = DrafterTap(prop, draft)
@@ -615,7 +614,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     for e in errors[:3]:
         log("tap error:", e)
     if plan is not None:  # the edited target must continue every prompt with f
-        from .acceptance import target_tokens
+        from harness.production.engine.acceptance import target_tokens
         rep["target_follows_f"] = [g == target_tokens(plan, p[-1], len(g)) for p, g in zip(prompts, rep["generated"])]
     if out:  # before judging: a crash in the replay still leaves the recording for --rejudge
         try:
@@ -648,9 +647,9 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     ``facts``, ``findings`` (localised lines), ``acceptance``, ``mismatch_examples``,
     ``replay_errors``, ``components``, ``tap_errors``."""
     import reference as R
-    from harness.production.tolerances import tolerances_for
+    from harness.production.verdict.tolerances import tolerances_for
 
-    from . import bookkeeping
+    from harness.production.engine import bookkeeping
 
     calls = [c for c in recorded if c.engine_step >= 0]
     facts = run_facts(recorded, proposals, multi_module=multi_module)
@@ -785,7 +784,7 @@ def main(argv=None) -> int:
                     help="re-judge the recordings engine_calls_<case>.* saved in DIR (CPU, no vLLM); "
                          "reports to --out as engine_mtp_<case>.rejudge.json")
     ap.add_argument("--mutant", default=os.environ.get("HYV4_SPECULATOR_MUTANT") or None,
-                    help="plant one of harness.production.speculator_mutants.MUTANTS in vLLM's speculator "
+                    help="plant one of harness.production.engine.speculator_mutants.MUTANTS in vLLM's speculator "
                          "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT")
     ap.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     args = ap.parse_args(argv)
@@ -815,7 +814,7 @@ def _main(args) -> int:
     if args.mutant:
         from harness.exitcodes import CLIError
 
-        from .speculator_mutants import MUTANTS
+        from harness.production.engine.speculator_mutants import MUTANTS
         if args.mutant not in MUTANTS:
             raise CLIError(f"--mutant {args.mutant}: unknown speculator mutant; known: {', '.join(MUTANTS)}")
     if args.rejudge:
@@ -937,9 +936,3 @@ def worst_exit_code(codes) -> int:
 
     return worst(codes)
 
-
-if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # the report is written: skip the in-process engine's teardown (a hang costs the GPU slot)

@@ -31,10 +31,10 @@ What vLLM 0.33 does on an H200 (SM90) for an FP8 MTP checkpoint (read off
 ``Fp8Numerics`` is ``reference.PRODUCTION`` plus that activation quantization
 in ``linear`` for the weights vLLM holds in FP8 (recognised by storage);
 ``emulate`` runs the reference's proposer loop with it, shapes the result
-like a production trace and judges it with ``side_by_side.judge`` against the
+like a production trace and judges it with ``verdict.judge.judge`` against the
 EXACT reference, which gives the max errors the FP8 tolerances start from.
 
-    python -m harness.production.fp8_emulation [--case ID ...] [--variant ...]
+    python -m harness.production.verdict.fp8_emulation [--case ID ...] [--variant ...]
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def production_weights(case, weights: dict, variant: str) -> tuple[dict, frozens
 
 
 def case_inputs_cached(case):
-    from harness.production.side_by_side import case_inputs
+    from harness.production.cases import case_inputs
     return case_inputs(case)
 
 
@@ -179,8 +179,8 @@ def emulated_production_trace(case, variant: str = "deepgemm-e8m0") -> dict:
 
 
 def emulate(case, variant: str = "deepgemm-e8m0", tolerances: dict | None = None) -> dict:
-    """``side_by_side.judge`` of the emulated FP8 production trace (rows carry the max errors)."""
-    from harness.production.side_by_side import judge
+    """``judge.judge`` of the emulated FP8 production trace (rows carry the max errors)."""
+    from harness.production.verdict.judge import judge
     return judge(case, emulated_production_trace(case, variant), {}, tolerances=tolerances)
 
 
@@ -233,7 +233,7 @@ def _tie_margin(result: dict, key: str) -> float:
 def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
     """Per quant and component, the max over cases, extra seeds and variants of
     (max |d|, atol needed at the table's rtol, top-k tie margin)."""
-    from harness.production.side_by_side import GPU_CASES
+    from harness.production.cases import GPU_CASES
     agg: dict = {}
     for cid in case_ids:
         base = GPU_CASES[cid]
@@ -254,7 +254,7 @@ def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    from harness.production.side_by_side import GPU_CASES
+    from harness.production.cases import GPU_CASES
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8 case)")
     ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")

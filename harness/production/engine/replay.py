@@ -53,13 +53,10 @@ import torch
 
 import reference as R
 from harness.compare import index_rows_differing
-from harness.production.replay import step_with_topk
+from harness.components import DIAGNOSTIC_COMPONENTS  # float components compared per call (diagnostics)
+from harness.production.verdict.replay import step_with_topk
 from reference.mtp import StepInput, compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
-
-# float components compared per call for diagnostics (production trace vs reference)
-DIAGNOSTIC_COMPONENTS = ("embed_masked", "enorm", "hnorm", "eh_proj", "attn.kv_c", "attn.k_pe", "attn.core",
-                         "attn.out", "attn.residual", "moe.router_logits", "mlp.out", "final_norm")
 
 
 @dataclasses.dataclass
@@ -270,7 +267,7 @@ def topk_beyond_ties(prod: torch.Tensor, ref_rows: torch.Tensor, ref_scores: tor
     """The first row where production's top-k set differs from the reference's beyond score
     ties (members within the indexer-score tie bound of the k-th score), else None."""
     from harness.compare import compare_index_sets
-    from harness.production.tolerances import tolerances_for
+    from harness.production.verdict.tolerances import tolerances_for
 
     scores = None
     if ref_scores is not None:
@@ -563,7 +560,7 @@ def load_recording(path_stem: str) -> tuple[list[DraftCall], list[dict], dict]:
                          notes=m.get("notes", {}), layer_ran=m.get("layer_ran"), **get)
         calls.append(call)
     if doc.get("target_meta"):
-        from harness.production.bookkeeping import TargetCall
+        from harness.production.engine.bookkeeping import TargetCall
 
         doc["targets"] = [TargetCall(m["engine_step"], **{f: tensors.get(f"target{j:05d}.{f}") for f in _TARGET_TENSORS})
                           for j, m in enumerate(doc["target_meta"])]

@@ -4,7 +4,8 @@ Nothing in vLLM is modified: we register ``torch.nn.Module`` forward (pre-)hooks
 and, for the MoE router (not an ``nn.Module``), wrap ``select_experts`` on the
 router *instance*. Captured tensors are copied to CPU right away.
 
-Component -> where it is read (module paths relative to the MTP layer):
+Where each component is read is its registry record's ``hooks`` (``harness.components``;
+``HOOKS`` lists them in dataflow order, module paths relative to the MTP layer):
   embed              model.embed_tokens output
   embed_masked       enorm input (after the position==0 mask)
   enorm / hnorm      enorm / hnorm outputs
@@ -18,19 +19,25 @@ Component -> where it is read (module paths relative to the MTP layer):
   attn.out           o_proj output
   attn.residual      post_attention_layernorm input (attention out + residual)
   indexer.q_fp8/k/weights   indexer_op inputs (weights carry the folded q scale)
+  indexer.kw         wk_weights_proj output (raw per-head weights: the q scale is recovered from it)
   indexer.topk       top-k buffer rows after indexer_op
   moe.router_logits  mlp.gate output
   moe.topk_ids/weights  router.select_experts result
   moe.shared         mlp.shared_experts output (when called as a module)
   mlp.out            mlp output
   final_norm         final_layernorm output[0]
+
+May import: ``harness.components`` and torch (never vLLM).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 
 import torch
+
+from harness.components import HOOKS, Hook
 
 
 def _first(x):
@@ -102,71 +109,82 @@ def _find_router(experts):
     return None
 
 
-def attach(model, rec: Recorder) -> list[str]:
-    """Register every hook on ``model`` (an ``HYV4MTP``); returns notes on what was not hookable."""
-    notes = []
-    inner = model.model
-    rec.out(inner.embed_tokens, "embed")
-    for layer in inner.layers.values():
-        rec.inp(layer.enorm, "embed_masked")
-        rec.out(layer.enorm, "enorm")
-        rec.out(layer.hnorm, "hnorm")
-        rec.out(layer.eh_proj, "eh_proj")
-        rec.out(layer.final_layernorm, "final_norm")
-        blk = layer.mtp_block
-        sa = blk.self_attn
-        if getattr(sa, "q_a_layernorm", None) is not None:
-            rec.out(sa.q_a_layernorm, "attn.q_c")
-        rec.out(sa.kv_a_layernorm, "attn.kv_c")
-        rec.inp(sa.mla_attn, "attn.q", 0)
-        rec.inp(sa.mla_attn, "attn.k_pe", 2, fn=lambda t: t.reshape(t.shape[0], -1))
+_TRANSFORMS = {None: None, "sigmoid": torch.sigmoid, "flatten-heads": lambda t: t.reshape(t.shape[0], -1)}
 
+
+def _resolve(root, path: str):
+    """``root``'s attribute at dotted ``path``, or None where a link is missing or None."""
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _attach_router(rec: Recorder, experts, names: tuple[str, ...], notes: list[str]) -> None:
+    router = _find_router(experts)
+    if router is None:
+        notes.append(f"{names[0]}: no router with select_experts found")
+        return
+    orig = router.select_experts
+
+    def select_experts(*a, _orig=orig, **kw):
+        w, ids = _orig(*a, **kw)
+        rec.put("moe.topk_weights", w)
+        rec.put("moe.topk_ids", ids)
+        return w, ids
+    had = "select_experts" in vars(router)
+    rec._restore.append((router, "select_experts", orig if had else None))
+    router.select_experts = select_experts
+
+
+def _attach_one(rec: Recorder, layer, sa, hook: Hook, names: tuple[str, ...], notes: list[str]) -> None:
+    name = names[0]
+    module = _resolve(layer, hook.module)
+    if module is None:
+        if not hook.optional:
+            raise AttributeError(f"{name}: {hook.module} not found on the MTP layer")
+        return
+    if hook.kind == "router":
+        _attach_router(rec, module, names, notes)
+        return
+    if not isinstance(module, torch.nn.Module):
+        return
+    if hook.kind == "out":
+        if name == "attn.gate" and getattr(sa, "use_hpc_gated_mla", False):
+            notes.append("attn.gate: HPC fused gated-MLA GEMM in use; gate not observable")
+        rec.out(module, name, _TRANSFORMS[hook.transform])
+    elif hook.kind == "in":
+        rec.inp(module, name, hook.arg, _TRANSFORMS[hook.transform])
+    elif hook.kind == "topk-buffer":  # the rows of the top-k buffer the sparse attention reads
         def topk_rows(_m, _args, _kwargs, _sa=sa):
             buf = getattr(_sa.mla_attn.impl, "topk_indices_buffer", None)
             n = _args[0].shape[0] if _args else 0
             if _sa.is_sparse and buf is not None and n:
-                rec.put("attn.topk", buf[:n])
-        rec._handles.append(sa.mla_attn.register_forward_pre_hook(topk_rows, with_kwargs=True))
-        rec.out(sa.mla_attn, "attn.core")
-        if getattr(sa, "linear_gate", None) is not None:
-            if getattr(sa, "use_hpc_gated_mla", False):
-                notes.append("attn.gate: HPC fused gated-MLA GEMM in use; gate not observable")
-            rec.out(sa.linear_gate, "attn.gate", fn=torch.sigmoid)
-        rec.out(sa.o_proj, "attn.out")
-        rec.inp(blk.post_attention_layernorm, "attn.residual")
-        if getattr(sa, "indexer", None) is not None:
-            op = sa.indexer.indexer_op
-            rec.inp(op, "indexer.q_fp8", 1)
-            rec.inp(op, "indexer.k", 2)
-            rec.inp(op, "indexer.weights", 3)
-            # raw per-head weights (before the q scale is folded in): lets the
-            # harness recover the UE8M0 q scale and compare dequantized q
-            rec.out(sa.indexer.wk_weights_proj, "indexer.kw")
+                rec.put(name, buf[:n])
+        rec._handles.append(module.register_forward_pre_hook(topk_rows, with_kwargs=True))
+    elif hook.kind == "indexer-topk":  # the indexer op's output rows (or its buffer)
+        def after_indexer(_m, args, output, _sa=sa):
+            n = args[0].shape[0]
+            buf = output if torch.is_tensor(output) else _sa.indexer.topk_indices_buffer
+            rec.put(name, buf[:n])
+        rec._handles.append(module.register_forward_hook(after_indexer))
+    else:
+        raise ValueError(f"{name}: unknown hook kind {hook.kind!r}")
 
-            def after_indexer(_m, args, output, _sa=sa):
-                n = args[0].shape[0]
-                buf = output if torch.is_tensor(output) else _sa.indexer.topk_indices_buffer
-                rec.put("indexer.topk", buf[:n])
-            rec._handles.append(op.register_forward_hook(after_indexer))
-        mlp = blk.mlp
-        rec.out(mlp, "mlp.out")
-        if hasattr(mlp, "gate") and isinstance(mlp.gate, torch.nn.Module):
-            rec.out(mlp.gate, "moe.router_logits")
-        if getattr(mlp, "shared_experts", None) is not None:
-            rec.out(mlp.shared_experts, "moe.shared")
-        if hasattr(mlp, "experts"):
-            router = _find_router(mlp.experts)
-            if router is None:
-                notes.append("moe.topk_ids: no router with select_experts found")
-            else:
-                orig = router.select_experts
 
-                def select_experts(*a, _orig=orig, **kw):
-                    w, ids = _orig(*a, **kw)
-                    rec.put("moe.topk_weights", w)
-                    rec.put("moe.topk_ids", ids)
-                    return w, ids
-                had = "select_experts" in vars(router)
-                rec._restore.append((router, "select_experts", orig if had else None))
-                router.select_experts = select_experts
+def attach(model, rec: Recorder) -> list[str]:
+    """Register every hook of the registry (``harness.components.HOOKS``) on ``model`` (an
+    ``HYV4MTP``); returns notes on what was not hookable."""
+    notes: list[str] = []
+    inner = model.model
+    for hook, names in HOOKS:  # the inner model's own modules: once
+        if hook.module.startswith("model."):
+            _attach_one(rec, inner, None, dataclasses.replace(hook, module=hook.module[len("model."):]), names, notes)
+    for layer in inner.layers.values():
+        sa = layer.mtp_block.self_attn
+        for hook, names in HOOKS:
+            if not hook.module.startswith("model."):
+                _attach_one(rec, layer, sa, hook, names, notes)
     return notes

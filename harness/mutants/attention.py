@@ -1,0 +1,163 @@
+"""Planted bugs of sparse MLA: latents, queries and RoPE, the top-k rows it reads (compaction,
+skip_topk), the sink and softmax scale, the output gate (components attn.q_c, attn.kv_c, attn.q,
+attn.topk, attn.core, attn.out: each ``Planted`` below is listed under its component's registry
+record, ``harness.components``, which the catalogue is derived from)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from .base import (HEADWISE, K1, K3SHARE, LONGSHARE, Ctx, MutantNotApplicable, Planted, _impl, _neox_copy,
+                   _param, need)
+from .cpu import cpu_rope_neox
+
+
+@torch.no_grad()
+def m_q_a_norm_ones(ctx: Ctx) -> None:
+    _param(need(ctx.attn, "q_a_layernorm", "self_attn")).fill_(1.0)
+
+
+@torch.no_grad()
+def m_kv_a_norm_ones(ctx: Ctx) -> None:
+    _param(ctx.attn.kv_a_layernorm).fill_(1.0)
+
+
+def m_mla_rope_neox(ctx: Ctx) -> None:
+    ctx.setattr(ctx.attn, "rotary_emb", _neox_copy(ctx, ctx.attn.rotary_emb))
+
+
+@torch.no_grad()
+def m_q_b_heads_rolled(ctx: Ctx) -> None:
+    w = _param(need(ctx.attn, "q_b_proj", "self_attn"))
+    d = int(ctx.hf["qk_nope_head_dim"]) + int(ctx.hf["qk_rope_head_dim"])
+    w.copy_(torch.roll(w.clone(), shifts=d, dims=0))
+
+
+def m_compaction_skipped(ctx: Ctx) -> None:
+    inner = ctx.model.model
+    need(inner, "compact_topk_indices", "model.model")
+    ctx.setattr(inner, "compact_topk_indices", lambda slot_ids: None, must_exist=False)
+
+
+def m_compaction_wrong_slots(ctx: Ctx) -> None:
+    inner = ctx.model.model
+    orig = need(inner, "compact_topk_indices", "model.model")
+    ctx.setattr(inner, "compact_topk_indices",
+                lambda slot_ids: orig((slot_ids - 1).clamp_min(0)), must_exist=False)
+
+
+def m_indexer_not_skipped(ctx: Ctx) -> None:
+    inner = ctx.model.model
+    orig = need(inner, "set_skip_topk", "model.model")
+    ctx.setattr(inner, "set_skip_topk", lambda skip: orig(False), must_exist=False)
+
+
+def m_sink_dropped(ctx: Ctx) -> None:
+    impl = _impl(ctx)
+    need(impl, "sinks", "impl")
+    ctx.setattr(impl, "sinks", None)
+
+
+def m_sink_twice(ctx: Ctx) -> None:
+    impl = _impl(ctx)
+    s = need(impl, "sinks", "impl")
+    ctx.setattr(impl, "sinks", (s + math.log(2.0)).contiguous())
+
+
+def m_softmax_scale(ctx: Ctx) -> None:
+    impl = _impl(ctx)
+    old = float(need(impl, "softmax_scale", "impl"))
+    latent = int(ctx.hf["kv_lora_rank"]) + int(ctx.hf["qk_rope_head_dim"])
+    qk = int(ctx.hf["qk_nope_head_dim"]) + int(ctx.hf["qk_rope_head_dim"])
+    ctx.setattr(impl, "softmax_scale", old * math.sqrt(qk / latent))
+
+
+def m_sink_narrowed_twice(ctx: Ctx) -> None:
+    impl = _impl(ctx)
+    s = need(impl, "sinks", "impl")
+    h = s.shape[0] // 2
+    if h == 0:
+        raise MutantNotApplicable("one head: nothing to narrow")
+    ctx.setattr(impl, "sinks", torch.cat([s[:h], s[:h]] + ([s[2 * h:]] if s.shape[0] % 2 else [])).contiguous())
+
+
+def _gate_hooks(ctx: Ctx, remap: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """o_proj input x * sigmoid(g) -> ``remap(x / sigmoid(g) expanded, g)``: the
+    eager gate path is recomputed around production's own attention output."""
+    sa = ctx.attn
+    gate = need(sa, "linear_gate", "self_attn")
+    if getattr(sa, "use_hpc_gated_mla", False):
+        raise MutantNotApplicable("HPC fused gated-MLA GEMM in use: the gate is not a separate op")
+    store: dict = {}
+    ctx.hook(gate.register_forward_hook(lambda _m, _a, out: store.__setitem__("g", out[0] if isinstance(out, tuple) else out)))
+
+    def pre(_m, args):
+        g = store.pop("g", None)
+        if g is None or not args:
+            return None
+        return (remap(args[0], g),) + tuple(args[1:])
+    ctx.hook(sa.o_proj.register_forward_pre_hook(pre))
+
+
+def m_gate_no_sigmoid(ctx: Ctx) -> None:
+    v = int(ctx.hf["v_head_dim"])
+    headwise = ctx.hf.get("gating_type") == "headwise"
+
+    def remap(x, g):
+        gf = g.float()
+        if headwise:
+            gf = gf.repeat_interleave(v, dim=-1)
+        return (x.float() / torch.sigmoid(gf) * gf).to(x.dtype)
+    _gate_hooks(ctx, remap)
+
+
+def m_headwise_gate_tiled(ctx: Ctx) -> None:
+    if ctx.hf.get("gating_type") != "headwise":
+        raise MutantNotApplicable("case is not gating_type=headwise")
+    v = int(ctx.hf["v_head_dim"])
+
+    def remap(x, g):
+        s = torch.sigmoid(g.float())
+        right = s.repeat_interleave(v, dim=-1)
+        wrong = s.repeat(1, v)  # head h's gate lands on column c where c % H == h
+        return (x.float() / right * wrong).to(x.dtype)
+    _gate_hooks(ctx, remap)
+
+
+PLANTED: tuple[Planted, ...] = (
+    # attn.q_c
+    Planted("q-a-norm-ones", "q_a_layernorm weight left at its init (ones)", K1, m_q_a_norm_ones, "loading"),
+    # attn.kv_c
+    Planted("kv-a-norm-ones", "kv_a_layernorm weight left at its init (ones)", K1, m_kv_a_norm_ones,
+            "loading"),
+    # attn.q
+    Planted("mla-rope-neox", "MLA rotary built with is_neox_style=True on interleaved (PTM) q_pe/k_pe", K1,
+            m_mla_rope_neox, "attention", cpu_rope_neox, "rope"),
+    Planted("q-b-heads-rolled", "q_b_proj rows of the wrong TP rank / head order (heads rolled by one)", K1,
+            m_q_b_heads_rolled, "attention"),
+    # attn.topk
+    Planted("compaction-skipped", "compact_topk_indices not called: steps >= 1 read step-0 rows 0..R-1",
+            K3SHARE, m_compaction_skipped, "multistep"),
+    Planted("compaction-wrong-slots", "compaction gathers the rows before each request's last token", K3SHARE,
+            m_compaction_wrong_slots, "multistep"),
+    Planted("indexer-not-skipped", "set_skip_topk(True) ignored: the indexer re-runs at steps >= 1 "
+            "instead of sharing step 0's (contexts > index_topk so the fresh set differs)", LONGSHARE,
+            m_indexer_not_skipped, "multistep"),
+    # attn.core
+    Planted("sink-dropped", "learnable sink not forwarded to the FlashMLA kernel (impl.sinks=None)", K1,
+            m_sink_dropped, "attention"),
+    Planted("sink-twice", "sink added twice to the softmax denominator (sink + ln 2)", K1, m_sink_twice,
+            "attention"),
+    Planted("softmax-scale-latent", "softmax scale from the latent head size 576 instead of qk_head_dim", K1,
+            m_softmax_scale, "attention"),
+    Planted("sink-narrowed-twice", "TP sink narrowed twice: the first half of the heads' sinks duplicated",
+            K1, m_sink_narrowed_twice, "tp"),
+    # attn.out
+    Planted("gate-no-sigmoid", "output gate multiplies by the raw linear_gate output (sigmoid skipped)", K1,
+            m_gate_no_sigmoid, "attention"),
+    Planted("headwise-gate-tiled", "headwise gate broadcast with repeat instead of repeat_interleave "
+            "(gate of head h lands on other heads' columns)", HEADWISE, m_headwise_gate_tiled, "attention"),
+)

@@ -1,0 +1,40 @@
+"""The catalogue: every planted bug, derived from the component registry
+(``harness.components``: each record's ``mutants``), in dataflow order of the component each one
+should flag first. The bugs themselves live in one module per component area (``mtp_io``,
+``attention``, ``indexer``, ``moe``); adding one is a ``Planted`` there plus its name in its
+component's record."""
+
+from __future__ import annotations
+
+from harness.components import REGISTRY
+
+from . import attention, indexer, moe, mtp_io
+from .base import Mutant
+
+_PLANTED = {p.name: p for module in (mtp_io, attention, indexer, moe) for p in module.PLANTED}
+_LISTED = [name for c in REGISTRY for name in c.mutants]
+if sorted(_PLANTED) != sorted(_LISTED):
+    raise ImportError(f"planted bugs and the registry's disagree: only planted {sorted(set(_PLANTED) - set(_LISTED))}, "
+                      f"only listed {sorted(set(_LISTED) - set(_PLANTED))}")
+
+CATALOGUE: tuple[Mutant, ...] = tuple(
+    Mutant(p.name, p.stands_for, c.name, p.case, p.apply, p.group, p.cpu_apply, p.cpu_check)
+    for c in REGISTRY for p in (_PLANTED[name] for name in c.mutants))
+
+BY_NAME = {m.name: m for m in CATALOGUE}
+
+
+def select(only: list[str] | None) -> list[Mutant]:
+    if not only:
+        return list(CATALOGUE)
+    unknown = [n for n in only if n not in BY_NAME]
+    if unknown:
+        raise KeyError(f"unknown mutant(s) {unknown}; --list shows the catalogue")
+    return [BY_NAME[n] for n in only]
+
+
+def format_list() -> str:
+    lines = [f"{'name':26s} {'component':21s} {'case':19s} {'cpu':8s} stands for"]
+    for m in CATALOGUE:
+        lines.append(f"{m.name:26s} {m.component:21s} {m.case:19s} {m.cpu_check or '':8s} {m.stands_for}")
+    return "\n".join(lines)

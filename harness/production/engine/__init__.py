@@ -1,0 +1,14 @@
+"""The engine path (DESIGN.md option 1): ``vllm.LLM`` with vLLM's own MTP speculator, every draft
+forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
+
+    run.py                 build the engine, load and tap the drafter, run, judge; the command
+                           ``python -m harness.production.engine`` (``__main__.py``)
+    replay.py              CPU: the reference over the recorded draft forwards, draft-token verdict
+    bookkeeping.py         CPU: accepted prefix, ``last_token_indices``, feeds, layer cycling
+    acceptance.py          the edited dummy target whose drafts get accepted at planned rates
+    speculator_mutants.py  planted bugs in vLLM's speculator (``--mutant NAME``)
+
+May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
+``harness.production.module`` (build, audit, capture, vllm_config) and
+``harness.production.verdict``. ``replay.py`` and ``bookkeeping.py`` never import vLLM.
+"""

@@ -1,0 +1,333 @@
+"""Production goldens: vLLM's own trace of a GPU case, recorded on a known-good
+vLLM and platform, checked with tolerances far tighter than the reference's.
+
+They catch production drift that the reference tolerance (bf16 / FP8 noise)
+would hide, e.g. a kernel change of one bf16 ulp. A golden belongs to its
+platform (GPU model, torch, CUDA, vLLM): on another one the check reports "no
+golden for this platform" instead of failing.
+
+    python -m harness.production.goldens_gpu record --root DIR [--case ID ...]
+    python -m harness.production.goldens_gpu check [--case ID ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from harness import goldens
+from harness.compare import (INDEX_COMPONENTS, ComponentResult, Report, Tolerance, compare_traces,
+                             index_rows_differing)
+from harness.components import PRODUCTION_COMPONENTS
+from harness.production.verdict.judge import derive_indexer
+from harness.production.verdict.tolerances import GPU_VS_REFERENCE
+
+KIND = "production"
+GOLDEN_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise")
+# Every component the side by side compares (the registry's PRODUCTION_COMPONENTS), so
+# the first divergent component of a golden check names the cause (issue 12: a k_norm LayerNorm
+# no longer in fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's
+# q_scale / q_deq / head_weights are derived from the captured q_fp8, indexer.kw and folded
+# weights exactly as the side by side derives them (harness.production.verdict.judge.derive_indexer).
+STORED = PRODUCTION_COMPONENTS
+# Steps with more rows than this store an evenly spaced subset of their per-token rows (each
+# request's first and last row included; ``step{k}.golden_rows``): tiny-k2-long's 317 step-0
+# rows of every component would be ~5 MB, the goldens directory has to stay under 5 MB.
+ROW_CAP = 128
+ROWS = "golden_rows"
+# indexer.q_deq = q_fp8 * q_scale is stored as the e4m3 values (1 byte each) and rebuilt exactly.
+Q_FP8 = "indexer.q_fp8"
+FORMAT = 2  # 1: 13 components, all rows (recorded 2026-12-01); 2: STORED, rows capped
+# Same platform, same inputs: the kernels should reproduce themselves. bf16
+# values: any change is >= 1 ulp = 2^-8 relative, so rtol 2^-10 flags it;
+# fp32 values (router logits, logits, top-k weights, indexer head weights and q
+# scale): 1e-6 relative absorbs reduction-order jitter of split-K kernels, nothing
+# more; q_deq (e4m3 x a power of two, rebuilt in float64) is judged like fp32: any
+# e4m3 change is >= 2^-4 relative.
+TIGHT = {
+    "bf16": Tolerance(0.0, 2.0**-10, "none: any bf16 change is one ulp (2^-8) or more"),
+    "fp32": Tolerance(1e-7, 1e-6, "fp32 reduction-order jitter only"),
+}
+
+
+# Measured on an H200 (vLLM 0.33.0, torch 2.11+cu130): two runs of
+# tiny-k2-long differ in a few of 317 step-0 rows (1 row on 2026-11-30, 4 rows
+# on 2026-12-01), all queries with a context longer than index_topk:
+# attn.core by one bf16 ulp, propagated through that row's o_proj, router
+# logits and MLP, with equal top-k sets. The likely cause is the order in which
+# FlashMLA sparse sums the selected keys (the top-k kernel's output order is not
+# run-to-run stable). Such "order-variant" rows (position + 1 > index_topk) are
+# therefore judged at the reference tolerance (GPU_VS_REFERENCE), and a routing
+# or token flip there is reported, not failed; every other row keeps the tight
+# tolerance, so a one-ulp kernel change in the short-context rows still fails.
+
+
+def platform() -> dict:
+    import vllm
+
+    return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "vllm": vllm.__version__}
+
+
+def _step_comp(key: str) -> tuple[str, str]:
+    step, comp = key.split(".", 1)
+    return step, comp
+
+
+def golden_view(case_id: str, prod: dict) -> dict:
+    """The components of a production trace as the golden holds and compares them (CPU):
+    every ``STORED`` component present, the derived indexer ones included."""
+    view = {k: v.detach().cpu() for k, v in prod.items() if torch.is_tensor(v)}
+    cfg = _config(case_id)
+    if cfg is not None:
+        derive_indexer(view, cfg, production=True)
+    return {k: v for k, v in view.items() if k.startswith("step") and _step_comp(k)[1] in STORED}
+
+
+def golden_rows(positions: torch.Tensor, cap: int | None = None) -> torch.Tensor | None:
+    """Rows a step's golden keeps: None (all) up to ``cap`` rows, else at most ``cap`` rows,
+    evenly spaced plus each request's first and last row (requests are runs of rising positions)."""
+    cap = ROW_CAP if cap is None else cap
+    pos = positions.long().flatten()
+    t = pos.numel()
+    if t <= cap:
+        return None
+    starts = [0] + (torch.nonzero(pos[1:] <= pos[:-1]).flatten() + 1).tolist()
+    ends = [s - 1 for s in starts[1:]] + [t - 1]
+    must = set(starts) | set(ends)
+    even = torch.linspace(0, t - 1, cap - len(must)).round().long().tolist() if cap > len(must) else []
+    return torch.tensor(sorted(must | set(even)))  # <= cap rows unless the requests' ends alone exceed it
+
+
+def _rows_of(prod: dict) -> dict[str, torch.Tensor | None]:
+    """{step: rows kept}, from each step's positions."""
+    return {_step_comp(k)[0]: golden_rows(v) for k, v in prod.items() if k.endswith(".positions")}
+
+
+def _n_tokens(prod: dict, step: str) -> int | None:
+    pos = prod.get(f"{step}.positions")
+    return None if pos is None else pos.numel()
+
+
+def _take(v: torch.Tensor, rows: torch.Tensor | None, n_tokens: int | None) -> torch.Tensor:
+    """Per-token tensors (first dimension = the step's tokens) at ``rows``; others unchanged."""
+    if rows is None or n_tokens is None or v.dim() == 0 or v.shape[0] != n_tokens:
+        return v
+    return v[rows]
+
+
+def _narrow(v: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 where that is exact (NaN kept); else float64."""
+    if v.dtype != torch.float64:
+        return v
+    f = v.float()
+    same = (f.double() == v) | (torch.isnan(v) & torch.isnan(f))
+    return f if bool(same.all()) else v
+
+
+def _encode(case_id: str, prod: dict) -> dict:
+    """The tensors a golden file holds: the golden view at the kept rows, compactly typed."""
+    view, rows = golden_view(case_id, prod), _rows_of(prod)
+    out = {}
+    for key, v in view.items():
+        step, comp = _step_comp(key)
+        n = _n_tokens(prod, step)
+        if comp == "indexer.q_deq":
+            q8 = prod.get(f"{step}.{Q_FP8}")
+            if q8 is not None:  # the e4m3 values; goldens.write stores them in 1 byte
+                out[f"{step}.{Q_FP8}"] = _take(q8.detach().cpu(), rows.get(step), n)
+                continue
+        v = _take(v, rows.get(step), n).contiguous()
+        if comp in INDEX_COMPONENTS or comp == "draft_token":
+            lo, hi = (int(v.min()), int(v.max())) if v.numel() else (0, 0)
+            v = v.to(torch.int16 if -2**15 <= lo and hi < 2**15 else torch.int32)
+        out[key] = _narrow(v).clone()  # own storage: safetensors refuses shared tensors (attn.topk is indexer.topk)
+    for step, r in rows.items():
+        if r is not None:
+            out[f"{step}.{ROWS}"] = r.to(torch.int32)
+    return out
+
+
+def _decode(stored: dict) -> tuple[dict, dict]:
+    """(the golden's components, {step: rows kept}) from a golden file's tensors (either format)."""
+    view, rows, q8 = {}, {}, {}
+    for key, v in stored.items():
+        step, comp = _step_comp(key)
+        if comp == ROWS:
+            rows[step] = v.long()
+        elif comp == Q_FP8:
+            q8[step] = v
+        else:
+            view[key] = v
+    for step, q in q8.items():
+        scale = view.get(f"{step}.indexer.q_scale")
+        if scale is not None:
+            view[f"{step}.indexer.q_deq"] = q.double() * scale.double()[..., None]
+    return view, rows
+
+
+def stored_components(case_id: str, root: Path = goldens.ROOT) -> list[str]:
+    """The components a recorded golden holds (after decoding), in dataflow order, without steps."""
+    view, _ = _decode(goldens.load(KIND, case_id, root)[0])
+    have = {_step_comp(k)[1] for k in view}
+    return [c for c in STORED if c in have]
+
+
+def _tolerances(stored: dict) -> dict:
+    out = {}
+    for key, v in stored.items():
+        comp = key.split(".", 1)[1]
+        out[comp] = TIGHT["fp32" if v.dtype in (torch.float32, torch.float64) else "bf16"]
+    return out
+
+
+def record(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Path:
+    tensors = _encode(case_id, prod)
+    path = goldens.write(KIND, case_id, tensors, {
+        "case": case_id, "platform": platform(), "versions": platform(), "format": FORMAT, "row_cap": ROW_CAP,
+        "components": [c for c in STORED if any(k.endswith("." + c) for k in golden_view(case_id, prod))],
+        "tolerance": {k: [t.atol, t.rtol] for k, t in TIGHT.items()}}, root)
+    return path
+
+
+def has_golden(case_id: str, root: Path = goldens.ROOT) -> bool:
+    """Whether a production golden of ``case_id`` exists for this platform."""
+    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
+    return entry is not None and entry.get("platform") == platform()
+
+
+def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Report | None:
+    """Report vs the stored golden (results in dataflow order); None when there is no golden for
+    this platform. Components the golden predates are not judged: ``meta["stale"]`` says so."""
+    if not has_golden(case_id, root):
+        return None
+    stored, rows = _decode(goldens.load(KIND, case_id, root)[0])
+    full = golden_view(case_id, prod)
+    now, positions = {}, {}
+    for step in sorted({_step_comp(k)[0] for k in full}):
+        n, r = _n_tokens(prod, step), rows.get(step)
+        if r is not None and (n is None or int(r.max()) >= n):
+            rep = Report([ComponentResult(f"{step}.{ROWS}", False, None,
+                                          note=f"golden rows up to {int(r.max())} but this run has {n} tokens: "
+                                               f"the case's inputs changed since recording; re-record")])
+            rep.meta.update(case=case_id, kind=KIND)
+            return rep
+        if n is not None:
+            positions[f"{step}.positions"] = _take(prod[f"{step}.positions"].cpu(), r, n)
+        for key in [k for k in full if k.startswith(step + ".")]:
+            now[key] = _take(full[key], r, n)
+    predates = sorted({_step_comp(k)[1] for k in now if k not in stored},
+                      key=lambda c: STORED.index(c))
+    for key in [k for k in now if k not in stored]:
+        del now[key]
+    tols = _tolerances(stored)
+    report = compare_traces(now, stored, tols, components=STORED)
+    index_topk = _index_topk(case_id)
+    for r in report.results:
+        comp = r.name.split(".", 1)[1]
+        if r.passed or r.name not in now or now[r.name].shape != stored[r.name].shape:
+            continue
+        variant = _order_variant_rows(positions, r.name, stored[r.name].shape[0] if stored[r.name].dim() else 1,
+                                      index_topk)
+        if variant is None:
+            continue
+        if comp in INDEX_COMPONENTS or comp == "draft_token":
+            n = stored[r.name].shape[0] if stored[r.name].dim() else 1  # draft tokens: one per row
+            bad_rows = index_rows_differing(now[r.name].reshape(n, -1), stored[r.name].reshape(n, -1))
+            loose_ok = True
+        else:
+            bad_rows = _rows_out_of_tolerance(now[r.name], stored[r.name], tols[comp])
+            loose = GPU_VS_REFERENCE.get(comp)
+            loose_ok = loose is not None and not _rows_out_of_tolerance(now[r.name], stored[r.name], loose)
+        if bad_rows and loose_ok and all(bool(variant[i]) for i in bad_rows):
+            kept = rows.get(_step_comp(r.name)[0])
+            if kept is not None and len(variant) == kept.numel():  # name the step's rows, not the kept ones'
+                bad_rows = kept[bad_rows].tolist()
+            r.passed = True
+            r.note = (f"{len(bad_rows)} of {len(variant)} {'kept ' if kept is not None else ''}rows differ, "
+                      f"all order-variant (context > index_topk {index_topk}; rows {bad_rows[:6]}), "
+                      f"within the reference tolerance")
+    report.meta.update(case=case_id, kind=KIND)
+    if predates:
+        report.meta["stale"] = (f"golden recorded before {', '.join(predates)} was stored: re-record "
+                                f"(python -m harness.production.goldens_gpu record); those are not judged")
+    return report
+
+
+def _config(case_id: str):
+    """The case's MTPConfig (None for a case id unknown to side_by_side.GPU_CASES)."""
+    import reference as R
+
+    from harness.production.cases import GPU_CASES
+
+    case = GPU_CASES.get(case_id)
+    return None if case is None else R.MTPConfig.from_hf_dict(case.hf_config())
+
+
+def _index_topk(case_id: str) -> int | None:
+    from harness.production.cases import GPU_CASES
+
+    case = GPU_CASES.get(case_id)
+    return None if case is None else case.hf_config().get("index_topk")
+
+
+def _order_variant_rows(prod: dict, key: str, n_rows: int, index_topk: int | None) -> torch.Tensor | None:
+    """Per row of ``key``: does its query read keys through the top-k (position + 1 > index_topk)?
+
+    Rows are the step's tokens, or (logits, draft tokens at step 0) each
+    request's last token; None when the rows cannot be matched to positions.
+    """
+    pos = prod.get(f"{key.split('.', 1)[0]}.positions")
+    if pos is None:
+        return None
+    pos = pos.long().flatten()
+    if index_topk is None:
+        return torch.zeros(n_rows, dtype=torch.bool)
+    if n_rows != pos.numel():  # one row per request: its last token (requests are position-major runs)
+        last = torch.cat([torch.nonzero(pos[1:] <= pos[:-1]).flatten(), torch.tensor([pos.numel() - 1])])
+        if n_rows != last.numel():
+            return None
+        pos = pos[last]
+    return pos + 1 > index_topk
+
+
+def _rows_out_of_tolerance(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> list[int]:
+    a, e = actual.double(), expected.double()
+    bad = (a - e).abs() > tol.atol + tol.rtol * e.abs()
+    bad |= torch.isnan(a) != torch.isnan(e)
+    if bad.dim() == 0:
+        return [0] if bool(bad) else []
+    return torch.nonzero(bad.reshape(bad.shape[0], -1).any(-1)).flatten().tolist()
+
+
+def main(argv=None) -> int:
+    from harness.production.cases import GPU_CASES
+    from harness.production.module.side_by_side import run_case
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=("record", "check"))
+    ap.add_argument("--case", action="append")
+    ap.add_argument("--root", default=str(goldens.ROOT))
+    args = ap.parse_args(argv)
+    status = 0
+    for cid in args.case or GOLDEN_CASES:
+        result = run_case(GPU_CASES[cid])
+        if args.action == "record":
+            print(f"recorded {record(cid, result['_prod'], Path(args.root))}")
+            continue
+        rep = check_production_golden(cid, result["_prod"], Path(args.root))
+        if rep is None:
+            print(f"{cid}: no golden for this platform {platform()}")
+            continue
+        print(rep.table())
+        if rep.meta.get("stale"):
+            print(f"{cid}: {rep.meta['stale']}")
+        status |= 0 if rep.passed else 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

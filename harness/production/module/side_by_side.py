@@ -1,0 +1,257 @@
+"""Reference vs vLLM's production ``HYV4MTP``: run one case both ways and compare.
+
+    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--out DIR] [--save-traces]
+    python -m harness.production.side_by_side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
+
+``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``); tolerances are
+``tolerances.tolerances_for(case.quant)``.
+
+The verdict (``harness.production.verdict.judge``) is against the EXACT (float64) reference with
+``tolerances_for(quant)``; the table also shows the max abs error against the reference run
+with PRODUCTION numerics (bf16 storage, fp32 accumulation), which isolates
+kernel/ordering noise from the spec.
+Exit codes: 0 all cases pass, 1 a numeric mismatch, 125 cannot judge (no GPU/vLLM).
+
+May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
+``harness.production.verdict`` and the rest of ``harness.production.module``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import reference as R
+from harness.atomic import atomic_write_json
+from harness.production.cases import FP8_CASE_IDS, GPU_CASES, PROBE_CASES, GpuCase, _case_from_dict, case_inputs
+from harness.production.verdict.judge import judge
+
+
+def run_case(case: GpuCase, *, session_kw: dict | None = None) -> dict:
+    """Run ``case`` on production, replay the reference on its inputs, compare; result dict (tensors included)."""
+    from harness.production.module.runner import ProductionSession
+
+    hf, ckpt, _ = case_inputs(case)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    first = R.make_case(cfg, case.seed, case.requests, case.tokens)
+    t0 = time.perf_counter()
+    sess = ProductionSession(hf, num_speculative_tokens=case.steps, **(session_kw or {}))
+    t_build = time.perf_counter() - t0
+    sess.load(ckpt, strict=not case.known_audit)
+    t_load = time.perf_counter() - t0 - t_build
+    prod = sess.run(first, case.steps)
+    torch.cuda.synchronize()
+    t_run = time.perf_counter() - t0 - t_build - t_load
+    info = {"audit": sess.audit_problems, "attach_notes": sess.attach_notes,
+            "step_notes": [dataclasses.asdict(n) for n in sess.notes],
+            "timing_s": {"build": t_build, "load": t_load, "run": t_run}}
+    if case.quant != "bf16":
+        try:
+            info["fp8_kernels"] = fp8_kernel_notes(sess.model)
+        except Exception as exc:  # noqa: BLE001 - notes must not cost the verdict
+            info["fp8_kernels"] = {"error": f"{exc.__class__.__name__}: {exc}"}
+    return judge(case, prod, info)
+
+
+def fp8_kernel_notes(model) -> dict:
+    """Which FP8 kernels production picked (for the report): linear kernel classes,
+    the MoE backend, the DeepGEMM UE8M0 switch and the weight/scale dtypes after loading."""
+    notes: dict = {k: os.environ.get(k) for k in ("VLLM_USE_DEEP_GEMM_E8M0", "VLLM_USE_DEEP_GEMM",
+                                                  "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER")}
+    try:
+        from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used, is_deep_gemm_supported
+        notes["deep_gemm_supported"] = bool(is_deep_gemm_supported())
+        notes["deep_gemm_e8m0_used"] = bool(is_deep_gemm_e8m0_used())
+    except Exception as exc:  # noqa: BLE001 - notes only
+        notes["deep_gemm"] = f"{exc.__class__.__name__}: {exc}"
+    layers = {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        if qm is None:
+            continue
+        d = {"method": type(qm).__name__}
+        if hasattr(qm, "fp8_linear"):
+            d["kernel"] = type(qm.fp8_linear).__name__
+        if hasattr(qm, "fp8_backend"):
+            d["backend"] = str(getattr(qm.fp8_backend, "value", qm.fp8_backend))
+        for pname, p in mod.named_parameters(recurse=False):
+            if "scale" in pname or p.dtype == torch.float8_e4m3fn:
+                d[pname] = str(p.dtype).removeprefix("torch.")
+        layers[name] = d
+    notes["layers"] = layers
+    return notes
+
+
+def format_rows(result: dict) -> str:
+    lines = [f"== {result['case']['id']}: {'PASS' if result['passed'] else 'FAIL'}"
+             f" (first divergent: {result['first_divergent']})",
+             f"{'component':28s} {'ok':4s} {'|d| exact':>10s} {'|d| prodnum':>11s} {'1-sim':>9s} {'mism%':>6s}  note"]
+    for r in result["rows"]:
+        pn = r["max_abs_vs_prodnum"]
+        lines.append(f"{r['key']:28s} {'ok' if r['passed'] else 'FAIL':4s} {r['max_abs_vs_exact']:10.3e} "
+                     f"{(pn if pn is not None else float('nan')):11.3e} {r['sim_gap']:9.2e} "
+                     f"{r['mismatch_pct']:6.2f}  {r['note']}")
+    return "\n".join(lines)
+
+
+def format_regimes(values: dict) -> str:
+    """One line: the thresholded regimes' values (harness/regimes.py), '!' where below the threshold."""
+    from harness.regimes import REGIMES
+
+    cells = [f"error={values['error']}"] if "error" in values else []
+    for name, regime in REGIMES.items():
+        v = values.get(name)
+        if regime.threshold is None or v is None:
+            continue
+        cells.append(f"{name}={v:.3g}" + ("" if v >= regime.threshold else "!"))
+    return " ".join(cells)
+
+
+def versions() -> dict:
+    import vllm
+    v = {"torch": torch.__version__, "vllm": vllm.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        v["gpu"] = torch.cuda.get_device_name(0)
+        v["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    return v
+
+
+def _flush(pending: dict, out: str, n: int) -> None:
+    """Write collected production traces ({case}/{key}) to one safetensors file."""
+    from safetensors.torch import save_file
+    save_file(dict(pending), os.path.join(out, f"prod-traces-{n:02d}.safetensors"))
+    pending.clear()
+
+
+def _trace_tensors(cid: str, prod: dict) -> dict:
+    """{case}/{key} -> an own contiguous CPU copy (safetensors refuses shared storage)."""
+    return {f"{cid}/{k}": v.detach().cpu().contiguous().clone() for k, v in prod.items()
+            if torch.is_tensor(v)}
+
+
+def load_saved_traces(out_dir: str) -> dict[str, dict[str, torch.Tensor]]:
+    """{case id: production trace} from the prod-traces-*.safetensors files of ``out_dir``."""
+    from safetensors.torch import load_file
+    traces: dict[str, dict] = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, "prod-traces-*.safetensors"))):
+        for key, v in load_file(path).items():
+            cid, k = key.split("/", 1)
+            traces.setdefault(cid, {})[k] = v
+    return traces
+
+
+def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int, list[dict]]:
+    """Re-run the reference + judge on CPU for production traces saved by ``--save-traces``.
+
+    Reads ``side_by_side.json`` (case definitions, audit and step notes) and the
+    ``prod-traces-*.safetensors`` of ``in_dir``; writes ``rejudge.json`` into
+    ``out_dir`` (default ``in_dir``). Returns (exit code, results).
+    """
+    with open(os.path.join(in_dir, "side_by_side.json")) as f:
+        summary = json.load(f)
+    traces = load_saved_traces(in_dir)
+    results, worst = [], 0
+    for entry in summary.get("cases", []):
+        cid = entry["case"]["id"]
+        if case_ids and cid not in case_ids:
+            continue
+        if "error" in entry or cid not in traces:
+            print(f"== {cid}: no saved production trace ({'error in the GPU run' if 'error' in entry else 'missing'})")
+            results.append({"case": entry["case"], "error": "no saved production trace"})
+            worst = max(worst, 1)
+            continue
+        case = _case_from_dict(entry["case"])
+        info = {k: entry.get(k) for k in ("audit", "attach_notes", "step_notes", "fp8_kernels")
+                if entry.get(k) is not None}
+        info["timing_s"] = {}
+        res = judge(case, traces[cid], info)
+        print(format_rows(res), flush=True)
+        print("routing ties:", res["routing_ties"], "router self-check:", res["router_self_check"],
+              "tokens:", res["tokens"], flush=True)
+        results.append({k: v for k, v in res.items() if not k.startswith("_")})
+        if not res["passed"]:
+            worst = max(worst, 1)
+    if not results:
+        print(f"nothing to re-judge in {in_dir}")
+        return 125, results
+    out_dir = out_dir or in_dir
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "rejudge.json"), "w") as f:
+        json.dump({"source": os.path.abspath(in_dir), "versions": summary.get("versions"),
+                   "cases": results}, f, indent=1, default=str)
+    return worst, results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(GPU_CASES)})")
+    ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(FP8_CASE_IDS)})")
+    ap.add_argument("--out", default=None, help="directory for side_by_side.json (default $OUT or out)")
+    ap.add_argument("--save-traces", action="store_true", help="also write production traces (safetensors)")
+    ap.add_argument("--rejudge", metavar="DIR", help="CPU only: re-judge the traces a --save-traces run wrote "
+                    "into DIR (writes rejudge.json into --out, default DIR)")
+    args = ap.parse_args(argv)
+    ids = list(args.case or [])
+    if args.fp8:
+        ids += [c for c in FP8_CASE_IDS if c not in ids]
+    if args.rejudge:
+        code, _ = rejudge(args.rejudge, args.out, ids or None)
+        return code
+    out = args.out or os.environ.get("OUT", "out")
+    from harness.runtime import cannot_run_production_reason
+    reason = cannot_run_production_reason()
+    if reason:
+        print(f"cannot judge: {reason}")
+        return 125
+    os.makedirs(out, exist_ok=True)
+    ids = ids or list(GPU_CASES) + list(PROBE_CASES)
+    summary = {"versions": versions(), "cases": []}
+    print(json.dumps(summary["versions"]))
+    worst = 0
+    pending: dict = {}
+    n_files = 0
+    for cid in ids:
+        case = GPU_CASES.get(cid) or PROBE_CASES[cid]
+        try:
+            res = run_case(case)
+        except Exception as exc:  # noqa: BLE001 - report and go on with the next case
+            tb = traceback.format_exc()
+            print(f"== {cid}: ERROR {exc.__class__.__name__}: {exc}\n{tb}", flush=True)
+            summary["cases"].append({"case": dataclasses.asdict(case), "error": tb})
+            worst = max(worst, 1)
+            continue
+        print(format_rows(res), flush=True)
+        print("notes:", json.dumps(res["step_notes"]), res["attach_notes"], flush=True)
+        print("routing ties:", res["routing_ties"], "router self-check (step, bad rows, rows):",
+              res["router_self_check"], "skipped:", res["skipped"], flush=True)
+        if res.get("fp8_kernels"):
+            print("fp8 kernels:", json.dumps(res["fp8_kernels"]), flush=True)
+        if res.get("layer_policy"):
+            print("layer policy (max |d| of final_norm):", res["layer_policy"], flush=True)
+        print("tokens:", res["tokens"], "timing", {k: round(v, 2) for k, v in res["timing_s"].items()}, flush=True)
+        print("regimes:", format_regimes(res["regimes"]), flush=True)
+        if args.save_traces:  # one file per case, written now: a later crash or timeout keeps it
+            pending.update(_trace_tensors(cid, res["_prod"]))
+            _flush(pending, out, n_files)
+            n_files += 1
+        summary["cases"].append({k: v for k, v in res.items() if not k.startswith("_")})
+        if not res["passed"]:
+            worst = max(worst, 1)
+        # write as we go: a later case that kills the process leaves the earlier ones judged
+        atomic_write_json(os.path.join(out, "side_by_side.json"), summary, default=str)
+    if args.save_traces and pending:
+        _flush(pending, out, n_files)
+    atomic_write_json(os.path.join(out, "side_by_side.json"), summary, default=str)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

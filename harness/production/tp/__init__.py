@@ -1,0 +1,7 @@
+"""Tensor parallelism: TP = N ranks as spawned processes (``multigpu.TPWorkers``), their traces
+merged by the registry's per-component rule (replicated / head-sharded / partial-sum) and judged
+against the reference and against TP = 1.
+
+May import: vLLM (lazily, in the rank processes), ``reference``, ``harness``,
+``harness.production.cases``, ``harness.production.module`` and ``harness.production.verdict``.
+"""

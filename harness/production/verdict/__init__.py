@@ -1,0 +1,13 @@
+"""The verdicts (CPU, no vLLM): the reference replayed on production's per-step inputs, the
+tolerances (from the registry), the side-by-side judge in named steps, and the CPU emulation of
+the FP8 production path the FP8 tolerances come from.
+
+    replay.py         the reference teacher-forced on production's inputs (forced top-k)
+    tolerances.py     ``tolerances_for(quant)``: the registry's tables
+    judge.py          ``judge``: replay -> skip unused top-k -> derive -> mask routing ties -> compare -> report
+    fp8_emulation.py  the FP8 production numerics on CPU; ``python -m harness.production.verdict.fp8_emulation``
+
+May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``runtime``,
+``checkpoint``, ``presets``) and ``harness.production.cases``; never vLLM, never another
+``harness.production`` sub-package.
+"""

@@ -1,0 +1,151 @@
+"""The project's import graph (``harness``, ``reference``): no module-level import cycle, each
+layer imports only what its package docstring allows (also inside functions), and every module
+imports in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("harness", "reference")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path, top_level_only: bool) -> set[str]:
+    """The project modules ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``)."""
+    tree = ast.parse(path.read_text())
+    is_pkg = path.name == "__init__.py"
+    nodes = []
+    stack = list(tree.body)
+    while stack:  # module level, including under if / try; functions and classes only when asked
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            nodes.append(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if not top_level_only:
+                stack.extend(node.body)
+        else:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    stack.append(child)
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_pkg else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for t in targets:
+            while t and t not in MODULES:  # import a.b.c of a non-module attribute: its module
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(n: str):
+        state[n] = 1
+        path.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        path.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_no_module_level_import_cycle():
+    graph = {n: _imports(n, p, top_level_only=True) for n, p in MODULES.items()}
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# Layers, bottom up: what each may import (any level: a lazy import inside a function counts).
+# A prefix allows the module and everything under it.
+ALLOWED = {
+    "reference": ("reference",),
+    "harness.components": (),
+    "harness.production.cases": ("reference", "harness.presets", "harness.checkpoint"),
+    "harness.production.verdict": ("reference", "harness.components", "harness.compare", "harness.regimes",
+                                   "harness.runtime", "harness.presets", "harness.checkpoint",
+                                   "harness.production.cases", "harness.production.verdict"),
+    "harness.production.module.capture": ("harness.components",),
+    "harness.production.engine.replay": ("reference", "harness.compare", "harness.components", "harness.atomic",
+                                         "harness.production.verdict", "harness.production.engine.bookkeeping"),
+    "harness.production.engine.bookkeeping": (),
+}
+# Never imported by these layers, at any level: the command layers above them.
+ABOVE = ("harness.cli", "harness.production.compare_cli", "harness.mutants")
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_layers_import_only_what_they_may():
+    problems = []
+    for name, path in MODULES.items():
+        imports = _imports(name, path, top_level_only=False)
+        layer = max((p for p in ALLOWED if _under(name, p)), key=len, default=None)
+        if layer is not None:
+            bad = [m for m in imports if not any(_under(m, ok) for ok in ALLOWED[layer])]
+            problems += [f"{name} imports {m} (layer {layer})" for m in sorted(bad)]
+        if name.startswith("harness.production") and not _under(name, "harness.production.compare_cli"):
+            problems += [f"{name} imports {m}, a command layer above it" for m in sorted(imports)
+                         if any(_under(m, a) for a in ABOVE)]
+        if name.startswith("reference"):
+            assert not any(m.startswith("harness") for m in imports), name
+    assert not problems, "\n".join(problems)
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    names = [n for n in MODULES if not n.endswith("__main__")]
+    code = ("import importlib, sys\nfailed = []\n"
+            f"for n in {names!r}:\n"
+            "    try:\n        importlib.import_module(n)\n"
+            "    except Exception as e:\n        failed.append(f'{n}: {e!r}')\n"
+            "print('\\n'.join(failed)); sys.exit(1 if failed else 0)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
