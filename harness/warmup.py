@@ -51,8 +51,8 @@ def add_arguments(p) -> None:
 
 def check_arguments(args) -> None:
     """Bad flags exit 2 before anything is imported or compiled."""
-    from .production.engine import ENGINE_CASES
-    from .production.side_by_side import GPU_CASES
+    from .production.cases import GPU_CASES
+    from .production.engine.run import ENGINE_CASES
 
     for cid in args.case or ():
         if cid not in GPU_CASES:
@@ -88,9 +88,9 @@ def run(args, log=print) -> dict:
         raise CannotJudge(f"warmup: {reason}")
     import torch
 
-    from .production.engine import ENGINE_CASES
-    from .production.engine import run_case as run_engine_case
-    from .production.side_by_side import GPU_CASES, case_inputs
+    from .production.cases import GPU_CASES, case_inputs
+    from .production.engine.run import ENGINE_CASES
+    from .production.engine.run import run_case as run_engine_case
     import reference as R
 
     rep = {"cache_root": root, "set": set_vars, "steps": [], "size_before": cache_size(root) if root else None}
@@ -110,7 +110,7 @@ def run(args, log=print) -> dict:
         case = GPU_CASES[cid]
 
         def module_level(case=case):
-            from .production.runner import ProductionSession
+            from .production.module.runner import ProductionSession
 
             hf, ckpt, _ = case_inputs(case)
             cfg = R.MTPConfig.from_hf_dict(hf)
