@@ -10,7 +10,7 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness.goldens import ci_is_set
+from harness.ci_env import ci_is_set
 from harness.runtime import cannot_run_production_reason
 
 settings.register_profile(
