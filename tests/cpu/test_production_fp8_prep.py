@@ -27,7 +27,6 @@ from harness.production.tolerances import (GPU_VS_REFERENCE, GPU_VS_REFERENCE_BY
                                            tolerances_for)
 from reference.fp8 import dequantize_block
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPLIT, FUSED = "tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long"
 
 
