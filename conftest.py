@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
-from harness.goldens import ci_is_set
+from harness.ci_env import ci_is_set
 from harness.runtime import cannot_run_production_reason
 
 settings.register_profile(

@@ -18,22 +18,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .atomic import atomic_write, atomic_write_json
+from .ci_env import ci_is_set  # noqa: F401 - re-exported (the root conftest imports it from harness.ci_env: no torch)
 
 # HYV4_GOLDENS_ROOT points a run at another goldens tree (e.g. production
 # goldens just recorded on a GPU host, before they are reviewed into the repo).
 ROOT = Path(os.environ.get("HYV4_GOLDENS_ROOT") or Path(__file__).resolve().parent.parent / "goldens")
 MANIFEST = "manifest.json"
 HARNESS_VERSION = "0.1.0"
-
-
-def ci_is_set(environ=None) -> bool:
-    """Whether ``CI`` says this is a CI run (where ``--update-goldens`` is refused).
-
-    Any non-empty value except an explicit no (0/false/no/off, any case) counts:
-    CI systems set ``true``, ``1`` or ``yes``, and an unknown value errs on the
-    side of not rewriting goldens."""
-    value = (os.environ if environ is None else environ).get("CI", "").strip().lower()
-    return value not in ("", "0", "false", "no", "off")
 
 
 class GoldenError(RuntimeError):

@@ -3,6 +3,13 @@
     python tests/cpu/_vllm_config_probe.py config CASE_ID ...   # the runner's VllmConfig per case
     python tests/cpu/_vllm_config_probe.py load CASE_ID         # + HYV4MTP built on CPU, load_weights
     python tests/cpu/_vllm_config_probe.py build CONFIGS.json   # HYV4MTP built per HF config dict: what it built
+    python tests/cpu/_vllm_config_probe.py plan PLAN.json       # {"config": [ids], "load": [ids], "build": [dicts]}
+
+``plan`` does all three in one process (vLLM imported once; tests/cpu/conftest.py
+runs one plan per test run for every test module that asks): config first, under
+the platform fake only (as ``config``), then ``load`` and ``build`` under the
+runtime fakes too. Every line carries its "mode"; a config or load case that
+raises prints {"mode", "id", "crash": traceback} and the next case still runs.
 
 vLLM's config validation and model construction run only under a CUDA
 platform; here one is faked (compiled extensions and ops stubbed, capability
@@ -16,6 +23,7 @@ starting with "{"; exit 77 when the faking itself fails (the test skips).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 
@@ -124,7 +132,7 @@ def _config_lines(ids: list[str]) -> None:
         vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
         d = vc.speculative_config.draft_model_config
         print(json.dumps({
-            "id": cid, "quantization": vc.model_config.quantization, "draft_quantization": d.quantization,
+            "mode": "config", "id": cid, "quantization": vc.model_config.quantization, "draft_quantization": d.quantization,
             "quant_config": type(vc.quant_config).__name__ if vc.quant_config is not None else None,
             "draft_model_type": d.hf_config.model_type,
             "draft_mtp_quant_algo": getattr(d.hf_config, "mtp_quant_algo", None),
@@ -219,13 +227,18 @@ def _load_lines(cid: str) -> None:
             mismatches.append(f"{name}: max |d| {float((got - want).abs().max()):.3e}")
     from harness.production.module.side_by_side import fp8_kernel_notes
     notes = fp8_kernel_notes(model)
-    print(json.dumps({"id": cid, "n_params": len(params), "unloaded": sorted(set(params) - loaded),
+    print(json.dumps({"mode": "load", "id": cid, "n_params": len(params), "unloaded": sorted(set(params) - loaded),
                       "warnings": tap.messages, "mismatches": mismatches, "dtypes": dtypes,
                       "kernel_notes": notes}, default=str), flush=True)
 
 
 def _build_lines(path: str) -> None:
-    """For each HF config dict in the JSON list at ``path``: what vLLM's HYV4MTP constructor builds
+    with open(path) as f:
+        _build_configs(json.load(f))
+
+
+def _build_configs(configs: list[dict]) -> None:
+    """For each HF config dict: what vLLM's HYV4MTP constructor builds
     per MTP layer (attention kind, indexer, whether the sink reaches the attention impl, MLP kind,
     gate width, routed-expert SwiGLU clamp, RoPE class / rotary_dim / magnitude), or the error."""
     import torch
@@ -234,8 +247,6 @@ def _build_lines(path: str) -> None:
     from harness.production.module import build
     from harness.production.module.vllm_config import build_vllm_config
 
-    with open(path) as f:
-        configs = json.load(f)
     for i, hf in enumerate(configs):
         try:
             vc = build_vllm_config(hf, num_speculative_tokens=max(1, int(hf.get("num_nextn_predict_layers", 1))))
@@ -243,7 +254,7 @@ def _build_lines(path: str) -> None:
             build.init_distributed(vc, torch.device("cpu"))
             model = build.build_model(vc, torch.device("cpu"))
         except Exception as exc:  # noqa: BLE001 (a refusal is an answer)
-            print(json.dumps({"i": i, "error": f"{type(exc).__name__}: {exc}"[:400]}), flush=True)
+            print(json.dumps({"mode": "build", "i": i, "error": f"{type(exc).__name__}: {exc}"[:400]}), flush=True)
             continue
         layers = {}
         for idx, layer in model.model.layers.items():
@@ -267,11 +278,60 @@ def _build_lines(path: str) -> None:
                 "swiglu_limit": limit,
                 "rope": [type(rot).__name__, int(rot.rotary_dim), float(getattr(rot, "mscale", 1.0))],
             }
-        print(json.dumps({"i": i, "layers": layers}), flush=True)
+        print(json.dumps({"mode": "build", "i": i, "layers": layers}), flush=True)
+
+
+_ENVIRON0 = dict(os.environ)
+
+
+def _fresh_environ() -> None:
+    """os.environ as the probe started, vLLM's env cache dropped: what one case does to the
+    environment (vLLM sets VLLM_USE_DEEP_GEMM_E8M0=1 for a ue8m0 checkpoint) does not reach the next."""
+    os.environ.clear()
+    os.environ.update(_ENVIRON0)
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+
+
+def _each(mode: str, ids: list[str], fn) -> None:
+    """``fn(id)`` per id, each in the starting environment; a crash is that id's answer (a
+    traceback line), the others still run."""
+    import traceback
+
+    for cid in ids:
+        _fresh_environ()
+        try:
+            fn(cid)
+        except Exception:  # noqa: BLE001
+            print(json.dumps({"mode": mode, "id": cid, "crash": traceback.format_exc()[-4000:]}), flush=True)
+
+
+def _plan(path: str) -> int:
+    with open(path) as f:
+        plan = json.load(f)
+    try:
+        _fake_cuda()
+    except Exception as exc:  # noqa: BLE001
+        print(f"cannot fake a CUDA platform: {exc!r}", file=sys.stderr)
+        return 77
+    _each("config", plan.get("config", []), lambda cid: _config_lines([cid]))
+    if plan.get("load") or plan.get("build"):
+        try:
+            _fake_cuda_runtime()
+        except Exception as exc:  # noqa: BLE001
+            print(f"cannot fake a CUDA platform: {exc!r}", file=sys.stderr)
+            return 77
+        _each("load", plan.get("load", []), _load_lines)
+        _fresh_environ()
+        _build_configs(plan.get("build", []))
+    return 0
 
 
 def main(argv: list[str]) -> int:
     mode, ids = argv[0], argv[1:]
+    if mode == "plan":
+        return _plan(ids[0])
     try:
         _fake_cuda()
         if mode in ("load", "build"):

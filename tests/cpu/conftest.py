@@ -1,7 +1,21 @@
 """CPU tier fixtures."""
 
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROBE = ROOT / "tests" / "cpu" / "_vllm_config_probe.py"
+PROBE_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -11,3 +25,101 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# ---- vLLM on a faked CUDA platform: one subprocess per test run -------------------------------------
+# A test module that asks for the ``vllm_probe`` fixture declares what it needs at module level:
+#     VLLM_PROBE = {"config": [case ids], "load": [case ids], "build": [HF config dicts]}
+# (tests/cpu/_vllm_config_probe.py's modes). Importing vLLM and faking the platform is most of a
+# probe's cost, so the plans of all modules in the run go to one `_vllm_config_probe.py plan`
+# process, started in the background when the first CPU test starts, once per run (xdist workers
+# share it through their common temporary directory; the first claims it).
+
+def _probe_plan(items) -> dict:
+    plan: dict[str, list] = {"config": [], "load": [], "build": []}
+    seen = set()
+    for item in items:
+        mod = getattr(item, "module", None)
+        if mod is None or mod in seen or "vllm_probe" not in getattr(item, "fixturenames", ()):
+            continue
+        seen.add(mod)
+        for mode, entries in getattr(mod, "VLLM_PROBE").items():
+            plan[mode].extend(e for e in entries if e not in plan[mode])
+    return plan
+
+
+def _probe_dir(tmp_path_factory) -> pathlib.Path:
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by this run's workers
+    d = base / "vllm-probe"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _vllm_probe_started(request, tmp_path_factory):
+    """Start the run's vLLM probe (if any collected test needs it and vLLM is installed); the
+    worker that started it waits for it at its end, so it never outlives the run."""
+    plan = _probe_plan(request.session.items)
+    if not any(plan.values()) or importlib.util.find_spec("vllm") is None:
+        yield
+        return
+    d = _probe_dir(tmp_path_factory)
+    try:
+        os.close(os.open(d / "claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another worker started it
+        yield
+        return
+    (d / "plan.json").write_text(json.dumps(plan))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")  # loads and compares weights only; no thread pool against the workers
+    proc = subprocess.Popen(
+        ["bash", "-c", '"$@" >"$OUT/stdout" 2>"$OUT/stderr"; echo $? >"$OUT/rc.part"; mv "$OUT/rc.part" "$OUT/rc"',
+         "probe", sys.executable, str(PROBE), "plan", str(d / "plan.json")],
+        cwd=ROOT, env={**env, "OUT": str(d)})
+    yield
+    try:
+        proc.wait(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+class ProbeResults:
+    """The probe's answers: ``config[id]``, ``load[id]`` (dicts; a "crash" key holds a traceback)
+    and ``build(hf)`` (the row for that HF config dict)."""
+
+    def __init__(self, plan: dict, lines: list[dict]):
+        self.config = {d["id"]: d for d in lines if d.get("mode") == "config"}
+        self.load = {d["id"]: d for d in lines if d.get("mode") == "load"}
+        self._build = {json.dumps(plan["build"][d["i"]], sort_keys=True): d
+                       for d in lines if d.get("mode") == "build"}
+        self.stderr = ""
+
+    def build(self, hf: dict) -> dict:
+        return self._build[json.dumps(hf, sort_keys=True)]
+
+
+@pytest.fixture(scope="session")
+def vllm_probe(_vllm_probe_started, tmp_path_factory) -> ProbeResults:
+    """This run's vLLM probe results (waits for the background process); skips where the
+    CUDA platform cannot be faked (the probe's exit 77), fails on any other non-zero exit."""
+    pytest.importorskip("vllm")
+    d = _probe_dir(tmp_path_factory)
+    if not (d / "claim").exists():
+        pytest.fail("the vLLM probe was not started (no collected test declared VLLM_PROBE?)")
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while not (d / "rc").exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the vLLM probe did not finish in {PROBE_TIMEOUT_S} s (output in {d})")
+        time.sleep(0.2)
+    rc = int((d / "rc").read_text().strip() or -1)
+    stderr = (d / "stderr").read_text(errors="replace")
+    if rc == 77:
+        pytest.skip(f"cannot fake a CUDA platform for vLLM here: {stderr[-500:]}")
+    assert rc == 0, stderr[-4000:]
+    plan = json.loads((d / "plan.json").read_text())
+    lines = [json.loads(line) for line in (d / "stdout").read_text().splitlines() if line.startswith("{")]
+    res = ProbeResults(plan, lines)
+    res.stderr = stderr
+    return res

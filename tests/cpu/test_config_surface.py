@@ -6,19 +6,14 @@ Two levels, both on CPU:
   layer-type checks) followed by the rules of vLLM's ``HYV4MultiTokenPredictorLayer``
   (``_extend_layer_types``) and ``HYV4MLAAttention`` (``_SPARSE_LAYER_TYPES``);
 - construction: what ``MTPConfig.from_hf_dict`` builds vs what vLLM's HYV4MTP
-  constructor builds for the same ``config.json`` (``_vllm_config_probe.py build``,
-  a faked SM90 platform in a subprocess; no kernel runs): attention kind,
+  constructor builds for the same ``config.json`` (``_vllm_config_probe.py``'s build,
+  a faked SM90 platform in a subprocess shared by the run, conftest.py; no kernel runs): attention kind,
   indexer, whether the sink reaches the attention impl, MLP kind, shared
   experts, gate width, SwiGLU clamp, RoPE class / rotary_dim / magnitude.
 The RoPE numbers themselves are compared in test_reference_vs_vllm_pure.py.
 """
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given
@@ -30,9 +25,6 @@ from harness.mutants import vllm_hf_config  # noqa: E402
 from harness.presets import preset  # noqa: E402
 from reference import ConfigError, MTPConfig, moe, rope  # noqa: E402
 from reference.config import ROPE_TYPES, mtp_layer_kinds  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def _hf(**over) -> dict:
     hf = preset("tiny")
@@ -115,19 +107,14 @@ CONSTRUCTOR_CASES = [
 ]
 
 
+# what vLLM's HYV4MTP constructor builds per config: one line per row, from the run's one vLLM probe
+# process (conftest.py's vllm_probe fixture)
+VLLM_PROBE = {"build": [_hf(**over) for _, over in CONSTRUCTOR_CASES]}
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    path = tmp_path_factory.mktemp("surface") / "configs.json"
-    path.write_text(json.dumps([_hf(**over) for _, over in CONSTRUCTOR_CASES]))
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "cpu", "_vllm_config_probe.py"), "build",
-                           str(path)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    if proc.returncode == 77:
-        pytest.skip(f"cannot fake a CUDA platform for vLLM here: {proc.stderr[-500:]}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == len(CONSTRUCTOR_CASES), proc.stderr[-4000:]
-    return lines
+def built(vllm_probe):
+    return [vllm_probe.build(hf) for hf in VLLM_PROBE["build"]]
 
 
 @pytest.mark.parametrize("row", range(len(CONSTRUCTOR_CASES)), ids=[c[0] for c in CONSTRUCTOR_CASES])

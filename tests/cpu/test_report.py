@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import torch
 
 from harness.compare import compare_traces
@@ -56,8 +52,11 @@ def test_topk_ties_are_reported_not_failed():
     assert not compare_traces(prod, ref, VS_PRODUCTION).passed
 
 
-def test_bisect_check_cannot_judge_without_gpu():
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the CPU-only machine's view, also on a GPU host
-    r = subprocess.run([sys.executable, "-m", "harness", "bisect-check"], capture_output=True, text=True,
-                       timeout=120, env=env)
-    assert r.returncode == 125 and r.stdout.startswith("cannot judge:")
+def test_bisect_check_cannot_judge_without_gpu(monkeypatch, capsys):
+    """``harness.cli.main`` in process (test_cli_and_project runs ``python -m harness compare`` with
+    CUDA_VISIBLE_DEVICES="" as a subprocess: the same 125 path), torch seeing no CUDA device."""
+    from harness.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU-only machine's view, also on a GPU host
+    assert main(["bisect-check"]) == 125
+    assert capsys.readouterr().out.startswith("cannot judge:")
