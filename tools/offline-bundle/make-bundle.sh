@@ -7,7 +7,8 @@
 #
 # OUT_DIR    where the parts go (default .gpu-bundle, git-ignored):
 #            OUT_DIR/part.00, part.01, ... and OUT_DIR/SHA256SUMS
-# PART_BYTES largest part (default 60000000)
+# PART_BYTES largest part (default 50000000: a part plus the ~8 MB working tree must
+# stay under a 64 MiB transfer; 60 MB parts stopped fitting once the tree grew)
 #
 # The bundle holds the vLLM wheel pinned below minus what strip.txt lists
 # (pieces the Hopper MTP path never loads), the wheels pinned in
@@ -19,7 +20,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${1:-.gpu-bundle}
-PART=${2:-60000000}
+PART=${2:-50000000}
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
 PY=${GPU_HOST_PYTHON:-3.12}
 CACHE=${GPU_BUNDLE_CACHE:-$HOME/.cache/gpu-bundle/vllm-$VLLM_VERSION-py$PY}
