@@ -124,6 +124,23 @@ def pytest_configure(config):
     settings.load_profile(profile)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread(request):
+    """One intra-op torch thread for every test that computes on the CPU: the tensors are tiny,
+    extra threads only spin against the other jobs on CI's 2 cores (measured 3-10x wall time on
+    busy cores). GPU tests (tests/gpu) on a host with a CUDA device keep torch's default (their
+    xdist workers get a share of the cores: ``_share_the_host``)."""
+    import torch
+
+    if "gpu" in pathlib.Path(str(request.path)).parts and torch.cuda.is_available():
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _share_the_host(workerinput: dict) -> None:
     """An xdist worker's share of the host: on a host with several GPUs, one GPU per worker
     (worker i takes GPU i mod n; set before CUDA is initialised, and only where the user did

@@ -11,20 +11,10 @@ import sys
 import time
 
 import pytest
-import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "cpu" / "_vllm_config_probe.py"
 PROBE_TIMEOUT_S = 900
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only spin against the other CI jobs (3-5x wall time on 2 busy cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---- vLLM on a faked CUDA platform: one subprocess per test run -------------------------------------
