@@ -70,3 +70,28 @@ def test_pack_holds_the_layout_and_restores(tmp_path):
         assert (tmp_path / "restored" / sub / "k" / "kernel.so").read_bytes() == bytes([i]) * 100
     assert not (tmp_path / "restored" / "unrelated").exists()
     assert not [p for p in tmp_path.iterdir() if ".part" in p.name]  # no temp left
+
+
+@pytest.mark.parametrize("gib", [None, "4", "0.5"])
+def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, monkeypatch, tmp_path):
+    """``engine_kwargs`` names only fields of vLLM 0.33's ``EngineArgs`` (a renamed or removed
+    argument would otherwise surface only on a GPU host), and ``HYV4_ENGINE_KV_CACHE_GIB`` (set by
+    .ci/gpu-tier when workers share a GPU) turns into vLLM's ``kv_cache_memory_bytes``."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from harness.production.engine.run import ENGINE_CASES, ENGINE_KV_GIB_ENV, engine_kwargs
+
+    if gib is None:
+        monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENGINE_KV_GIB_ENV, gib)
+    kw = engine_kwargs(str(tmp_path), next(iter(ENGINE_CASES.values())))
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert set(kw) <= fields, sorted(set(kw) - fields)
+    if gib is None:
+        assert "kv_cache_memory_bytes" not in kw
+    else:
+        assert kw["kv_cache_memory_bytes"] == int(float(gib) * 2**30)
+    EngineArgs(**kw)  # the dataclass takes them as given (no engine is built)
