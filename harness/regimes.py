@@ -72,8 +72,10 @@ REGIMES: dict[str, Regime] = {
                                          "one side (q folded into the weights, k in the cache) only "
                                          "differs where the power-of-two rounding moved the scale"),
     "indexer_ue8m0_scale_ratio_mean": Regime(None, "mean UE8M0 / fp32 scale (1 = no rounding, < 2)"),
-    "weight_ue8m0_rounded_frac": Regime(None, "FP8 cases only (the default bisect set is bf16): "
-                                        "reported by the --fp8 side-by-side cases"),
+    "weight_ue8m0_rounded_frac": Regime(0.5, "FP8 checkpoints only: a loader or GEMM that kept the "
+                                        "fp32 block scale where vLLM re-quantizes to UE8M0 (or the "
+                                        "reverse) only differs in blocks whose scale is not a power "
+                                        "of two; >= half of the FP8 weight blocks"),
     "index_share_steps": Regime(1, "index_share_for_mtp_iteration: compaction + skip_topk only run "
                                 "at steps >= 1 of a sharing case"),
     "draft_steps": Regime(2, "multi-step: steps >= 1 feed the previous step's token and hidden state"),

@@ -22,8 +22,11 @@ from harness.report import write_report
 # Together these exercise every regime of harness/regimes.py above its threshold
 # (tests/cpu/test_regimes.py): tiny-k3-share index sharing, K = 3 and a heavy sink;
 # tiny-k2-long contexts beyond index_topk and routing near-ties; tiny-k2-clamp-headwise
-# the routed SwiGLU clamp, the headwise gate, fused experts and layers naming.
-DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise")
+# the routed SwiGLU clamp, the headwise gate, fused experts and layers naming;
+# tiny-k2-fp8-ue8m0-fused-scale-long a block-FP8 checkpoint as stored (e4m3 weights, UE8M0
+# scales, fused experts with `.scale` names): vLLM's FP8 loading, FP8 GEMMs and UE8M0 paths,
+# a regression class the bf16 cases cannot see (FP8 tolerances, no production golden).
+DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise", "tiny-k2-fp8-ue8m0-fused-scale-long")
 # vLLM's own speculator (engine.py): drafts accepted at planned rates, index sharing,
 # and the two-MTP-layer MultiModuleMTPSpeculator
 DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")

@@ -48,18 +48,19 @@ def _args(tmp_path, cases=None, plant=None):
 def test_bisect_report_carries_regimes_and_coverage(tmp_path, faked, capsys):
     """Two of the default cases (tiny-k2-long's replay is the slow one; the full default set's
     coverage is tests/cpu/test_regimes.py's): regimes per case in the report, coverage in its meta,
-    and the one regime only tiny-k2-long brings named as not exercised."""
+    and the regimes only tiny-k2-long and the FP8 case bring named as not exercised."""
     cases = ["tiny-k3-share", "tiny-k2-clamp-headwise"]
     assert set(cases) < set(compare_cli.DEFAULT_BISECT_CASES)
     assert compare_cli.bisect_command(_args(tmp_path, cases)) == EXIT_OK
     out = capsys.readouterr().out
     assert out.count("regimes: routed_clamp_frac=") == len(cases)
-    assert "warning: no case of this run exercises the regime(s) ['topk_selecting_rows_frac']" in out
+    assert ("warning: no case of this run exercises the regime(s) "
+            "['topk_selecting_rows_frac', 'weight_ue8m0_rounded_frac']") in out
     doc = json.loads((tmp_path / "bisect.json").read_text())
     assert set(doc["meta"]["regimes"]) == set(cases)
     coverage = doc["meta"]["regime_coverage"]
     assert set(coverage) == {k for k, r in REGIMES.items() if r.threshold is not None}
-    assert [k for k, c in coverage.items() if not c["ok"]] == ["topk_selecting_rows_frac"]
+    assert [k for k, c in coverage.items() if not c["ok"]] == ["topk_selecting_rows_frac", "weight_ue8m0_rounded_frac"]
     assert coverage["routed_clamp_frac"]["case"] == "tiny-k2-clamp-headwise"
     case_meta = doc["cases"]["side-by-side/tiny-k2-clamp-headwise"]["meta"]["regimes"]
     assert case_meta["routed_clamp_frac"] >= 0.05
@@ -72,7 +73,8 @@ def test_planted_clamp_off_exits_1_at_mlp_out(tmp_path, faked, capsys):
     out = capsys.readouterr().out
     assert "ok   side-by-side tiny-k3-share" in out  # swiglu_limit 10: nothing to clamp there
     assert "FAIL side-by-side tiny-k2-clamp-headwise: first divergent step0.mlp.out" in out
-    assert "warning: no case of this run exercises the regime(s) ['topk_selecting_rows_frac']" in out
+    assert ("warning: no case of this run exercises the regime(s) "
+            "['topk_selecting_rows_frac', 'weight_ue8m0_rounded_frac']") in out
 
 
 def test_plant_must_name_a_mutant(tmp_path):

@@ -35,6 +35,8 @@ def test_a_case_set_missing_a_regime_fails(measured):
     the same case with the preset's swiglu_limit 10 clamps nothing."""
     without = {cid: v for cid, v in measured.items() if cid != CLAMP_CASE}
     assert {"routed_clamp_frac", "headwise_gate_rows"} <= set(regimes.uncovered(without))
+    bf16_only = {cid: v for cid, v in measured.items() if sbs.GPU_CASES[cid].quant == "bf16"}
+    assert regimes.uncovered(bf16_only) == ["weight_ue8m0_rounded_frac"]  # the FP8 case brings it alone
     loose = dataclasses.replace(sbs.GPU_CASES[CLAMP_CASE], id="clamp-at-10",
                                 overrides=(("swiglu_limit", 10.0), ("gating_type", "headwise")))
     values = regimes.measure(loose)
