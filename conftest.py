@@ -129,10 +129,10 @@ def _one_torch_thread(request):
     """One intra-op torch thread for every test that computes on the CPU: the tensors are tiny,
     extra threads only spin against the other jobs on CI's 2 cores (measured 3-10x wall time on
     busy cores). GPU tests (tests/gpu) on a host with a CUDA device keep torch's default (their
-    xdist workers get a share of the cores: ``_share_the_host``)."""
-    import torch
-
-    if "gpu" in pathlib.Path(str(request.path)).parts and torch.cuda.is_available():
+    xdist workers get a share of the cores: ``_share_the_host``). A module that has not imported
+    torch by the time it runs (a pytest run on non-torch files) does not pay torch's import here."""
+    torch = sys.modules.get("torch")
+    if torch is None or "gpu" in pathlib.Path(str(request.path)).parts and torch.cuda.is_available():
         yield
         return
     n = torch.get_num_threads()

@@ -25,9 +25,17 @@ from harness.checkpoint.synth import checkpoint_tensors, synth_config, write_syn
 from reference.config import MTPConfig
 from reference.weights import random_weights
 
-mtp = pytest.importorskip("vllm.models.hy_v4.nvidia.mtp", reason="vLLM's HY V4 MTP module does not import here")
-quant_utils = pytest.importorskip("vllm.model_executor.layers.quantization.utils.quant_utils")
-deepseek_v2 = pytest.importorskip("vllm.model_executor.models.deepseek_v2")
+# vLLM's modules, imported when this module's first test runs (not at collection: importing the MTP
+# model pulls in most of vLLM, ~15 s of CPU, which every xdist worker would pay while collecting)
+mtp = quant_utils = deepseek_v2 = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_modules():
+    global mtp, quant_utils, deepseek_v2
+    mtp = pytest.importorskip("vllm.models.hy_v4.nvidia.mtp", reason="vLLM's HY V4 MTP module does not import here")
+    quant_utils = pytest.importorskip("vllm.model_executor.layers.quantization.utils.quant_utils")
+    deepseek_v2 = pytest.importorskip("vllm.model_executor.models.deepseek_v2")
 
 VOCAB = 128
 

@@ -88,9 +88,15 @@ def test_run_catalogue_outcomes_and_report(monkeypatch, tmp_path):
                 "rows": [{"key": f"step0.{mutant.component}", "passed": False}]}, []
 
     monkeypatch.setattr(M.driver, "_run", fake_run)
+    # _free (gc.collect + CUDA cache release after each run) is counted, not run: a full gc.collect
+    # in a worker holding the collected suite costs seconds each, and no fake run leaves garbage
+    frees, real_free = [], M.driver._free
+    monkeypatch.setattr(M.driver, "_free", lambda: frees.append(1))
+    real_free()  # the real one runs on a CPU-only host (once)
     names = ["lm-head-zero", "sink-twice", "sink-dropped", "softmax-scale-latent", "headwise-gate-tiled"]
     report = tmp_path / "r.json"
     out = M.run_catalogue(M.select(names), report=str(report), log=lambda s: None)
+    assert len(frees) == len(out["controls"]) + len(names)  # after every control and every mutant run
     got = {r["name"]: r for r in out["mutants"]}
     assert got["lm-head-zero"]["outcome"] == "detected" and got["lm-head-zero"]["expected_flagged"]
     assert got["sink-twice"]["outcome"] == "missed"
