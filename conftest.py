@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from harness.ci_env import ci_is_set
-from harness.runtime import cannot_run_production_reason
+from harness.runtime import apply_jit_cache, cannot_run_production_reason
 
 settings.register_profile(
     "ci", derandomize=True, max_examples=20, deadline=None, database=None,
@@ -114,8 +114,6 @@ def pytest_configure(config):
     if config.getoption("--update-goldens") and ci_is_set():
         raise pytest.UsageError(f"--update-goldens is refused when CI is set (CI={os.environ.get('CI')!r}): "
                                 "goldens are regenerated on purpose, by a person")
-    from harness.runtime import apply_jit_cache
-
     apply_jit_cache()  # $HYV4_JIT_CACHE: the GPU stack's JIT caches under one root (harness warmup fills it)
     if hasattr(config, "workerinput"):
         _share_the_host(config.workerinput)

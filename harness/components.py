@@ -44,14 +44,16 @@ class Hook:
     "indexer-topk" (forward hook: the indexer op's output rows), "router" (instance wrapper of the
     MoE router's ``select_experts``: ids and weights). ``transform``: "sigmoid" (applied in the
     captured dtype) or "flatten-heads" (``[T, ...] -> [T, -1]``). ``optional``: the module may be
-    absent (a config without it). ``capture``: the trace name when it is not the component's.
+    absent (a config without it); "with-parent": only together with its parent module (the
+    indexer's op on a layer that has an indexer must be there). ``capture``: the trace name when
+    it is not the component's.
     """
 
     module: str
     kind: str = "out"
     arg: int = 0
     transform: str | None = None
-    optional: bool = False
+    optional: bool | str = False
     capture: str | None = None
 
 
@@ -194,7 +196,7 @@ REGISTRY: tuple[Component, ...] = (
     Component("attn.k_pe", "reference.attention.latents",
               hooks=_in(f"{_SA}.mla_attn", 2, transform="flatten-heads"), diagnostic=True,
               tolerance=_tol(_GEMM, (0.38, _Q + ", RoPE in bf16 [1.86e-1]"), (0.25, _Q + ", RoPE in bf16 [1.25e-1]"))),
-    Component("indexer.q_fp8", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 1, optional=True),
+    Component("indexer.q_fp8", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 1, optional="with-parent"),
               production=None),
     Component("indexer.q_scale", "reference.indexer.project", production="derived",
               # the raw per-head weights (before the q scale is folded in): the judge recovers the
@@ -207,9 +209,9 @@ REGISTRY: tuple[Component, ...] = (
                                        "e4m3 value (2^-3 relative) when its bf16 input differs by an ulp"),
                              (0.55, _QDEQ.format("2.75e-1")), (0.36, _QDEQ.format("1.79e-1"))),
               regimes=("indexer_ue8m0_rounded_frac",), mutants=("indexer-rope-neox",)),
-    Component("indexer.k", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 2, optional=True),
+    Component("indexer.k", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 2, optional="with-parent"),
               tolerance=_tol(_GEMM), mutants=("indexer-knorm-eps",)),
-    Component("indexer.weights", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 3, optional=True),
+    Component("indexer.weights", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 3, optional="with-parent"),
               production=None),
     Component("indexer.head_weights", "reference.indexer.project", reference_trace=False, production="derived",
               tolerance=_tol(Tolerance(5e-4, 2e-2, "indexer.weights / q_scale = w_h D^-1/2 ih^-1/2 (= w_h/64 here): 2 bf16 ulps of an O(1) w_h, over a bf16 "
@@ -221,7 +223,7 @@ REGISTRY: tuple[Component, ...] = (
                                        "score by up to ~6.5% of the row's largest |score| (measured, reference EXACT vs PRODUCTION)"),
                              (0.22, _TIE + " [1.09e-1]"), (0.14, _TIE + " [6.8e-2]"))),
     Component("indexer.topk", "reference.indexer.select_topk", compare="index",
-              hooks=(Hook(f"{_IX}.indexer_op", "indexer-topk", optional=True),),
+              hooks=(Hook(f"{_IX}.indexer_op", "indexer-topk", optional="with-parent"),),
               regimes=("topk_selecting_rows_frac", "topk_selecting_rows"), mutants=("indexer-topk-minus1",)),
     Component("attn.topk", "reference.mtp.compact_topk", compare="index",
               hooks=(Hook(f"{_SA}.mla_attn", "topk-buffer"),),

@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .atomic import atomic_write, atomic_write_json
-from .ci_env import ci_is_set  # noqa: F401 - re-exported (the root conftest imports it from harness.ci_env: no torch)
 
 # HYV4_GOLDENS_ROOT points a run at another goldens tree (e.g. production
 # goldens just recorded on a GPU host, before they are reviewed into the repo).

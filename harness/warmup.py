@@ -88,10 +88,10 @@ def run(args, log=print) -> dict:
         raise CannotJudge(f"warmup: {reason}")
     import torch
 
-    from .production.cases import GPU_CASES, case_inputs
+    from .production.cases import GPU_CASES
     from .production.engine.run import ENGINE_CASES
     from .production.engine.run import run_case as run_engine_case
-    import reference as R
+    from .production.module.side_by_side import run_production_side
 
     rep = {"cache_root": root, "set": set_vars, "steps": [], "size_before": cache_size(root) if root else None}
     t_all = time.perf_counter()
@@ -110,15 +110,7 @@ def run(args, log=print) -> dict:
         case = GPU_CASES[cid]
 
         def module_level(case=case):
-            from .production.module.runner import ProductionSession
-
-            hf, ckpt, _ = case_inputs(case)
-            cfg = R.MTPConfig.from_hf_dict(hf)
-            sess = ProductionSession(hf, num_speculative_tokens=case.steps)
-            sess.load(ckpt, strict=not case.known_audit)
-            sess.run(R.make_case(cfg, case.seed, case.requests, case.tokens), case.steps)
-            torch.cuda.synchronize()
-            del sess
+            run_production_side(case)  # the side by side's production half; no reference, no verdict
             torch.cuda.empty_cache()
 
         step(cid, module_level)
@@ -132,17 +124,14 @@ def run(args, log=print) -> dict:
 
 def pack(root: str, dest: str) -> int:
     """Tar ``root`` (its layout, ``jit_cache_env``) to ``dest`` atomically; bytes written."""
-    tmp = f"{dest}.part{os.getpid()}"
-    try:
+    from .atomic import atomic_write
+
+    def write(tmp: str) -> None:
         with tarfile.open(tmp, "w:gz") as tar:
-            for var, path in jit_cache_env(root).items():
+            for path in jit_cache_env(root).values():
                 if os.path.isdir(path):
                     tar.add(path, arcname=os.path.relpath(path, os.path.abspath(os.path.expanduser(root))))
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return os.path.getsize(dest)
+    return atomic_write(dest, write).stat().st_size
 
 
 def cmd_warmup(args) -> int:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import os
@@ -37,37 +36,24 @@ def case_by_id(case_id: str):
 
 def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
     """Build, load, apply ``mutant`` (None: control), run, judge (as side_by_side.run_case)."""
-    import reference as R
     from harness.production.module import side_by_side as sbs
-    from harness.production.module.runner import ProductionSession
 
-    hf, ckpt, _ = sbs.case_inputs(case)
-    cfg = R.MTPConfig.from_hf_dict(hf)
-    first = R.make_case(cfg, case.seed, case.requests, case.tokens)
-    t0 = time.perf_counter()
-    sess = ProductionSession(hf, num_speculative_tokens=case.steps)
-    t_build = time.perf_counter() - t0
-    sess.load(ckpt, strict=not case.known_audit)
-    t_load = time.perf_counter() - t0 - t_build
-    ctx = Ctx(sess)
-    try:
-        if mutant is not None:
-            mutant.apply(ctx)
-            torch.cuda.synchronize()
+    def around_run(sess, run):
+        ctx = Ctx(sess)
         try:
-            prod = sess.run(first, case.steps)
-            torch.cuda.synchronize()
-        except MutantNotApplicable:
-            raise
-        except Exception as exc:
-            raise _RunRaised(exc) from exc
-    finally:
-        ctx.restore()
-    t_run = time.perf_counter() - t0 - t_build - t_load
-    info = {"audit": sess.audit_problems, "attach_notes": sess.attach_notes,
-            "step_notes": [dataclasses.asdict(n) for n in sess.notes],
-            "timing_s": {"build": t_build, "load": t_load, "run": t_run}}
-    del sess, ctx
+            if mutant is not None:
+                mutant.apply(ctx)
+                torch.cuda.synchronize()
+            try:
+                return run()
+            except MutantNotApplicable:
+                raise
+            except Exception as exc:
+                raise _RunRaised(exc) from exc
+        finally:
+            ctx.restore()
+
+    prod, info = sbs.run_production_side(case, around_run=around_run)
     return sbs.judge(case, prod, info), []
 
 

@@ -595,7 +595,7 @@ def test_golden_problems_are_named(tmp_path):
                                            ("on", True), ("", False), ("0", False), ("false", False), ("No", False),
                                            ("off", False), (None, False)])
 def test_update_goldens_is_refused_whenever_ci_is_set(value, refused):
-    from harness.goldens import ci_is_set
+    from harness.ci_env import ci_is_set
 
     assert ci_is_set({} if value is None else {"CI": value}) is refused
 

@@ -145,11 +145,10 @@ def _attach_one(rec: Recorder, layer, sa, hook: Hook, names: tuple[str, ...], no
     if module is None:
         parent_path, _, leaf = hook.module.rpartition(".")
         parent = _resolve(layer, parent_path) if parent_path else layer
-        if not hook.optional or (hook.kind != "router" and leaf == "indexer_op" and parent is not None):
-            # an indexer without its op: vLLM moved it, the indexer components cannot be observed
+        if not hook.optional or (hook.optional == "with-parent" and parent is not None):
             raise AttributeError(f"{name}: {hook.module} not found on the MTP layer")
         if hook.kind == "router" and parent is not None and hasattr(parent, leaf):
-            notes.append(f"{name}: no router with select_experts found")  # an MoE whose experts are None
+            _attach_router(rec, None, names, notes)  # an MoE whose experts are None: noted, no router
         return
     if hook.kind == "router":
         _attach_router(rec, module, names, notes)

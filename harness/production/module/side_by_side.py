@@ -37,6 +37,14 @@ from harness.production.verdict.judge import judge
 
 def run_case(case: GpuCase, *, session_kw: dict | None = None) -> dict:
     """Run ``case`` on production, replay the reference on its inputs, compare; result dict (tensors included)."""
+    return judge(case, *run_production_side(case, session_kw=session_kw))
+
+
+def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around_run=None) -> tuple[dict, dict]:
+    """Build, load and run ``case`` on vLLM's HYV4MTP: (production trace, run info for the judge).
+
+    ``around_run(sess, run)``, where given, runs the loaded session: it calls ``run()`` (the K
+    draft steps) and returns its trace, e.g. with a planted bug applied around it (``harness.mutants``)."""
     from harness.production.module.runner import ProductionSession
 
     hf, ckpt, _ = case_inputs(case)
@@ -47,8 +55,11 @@ def run_case(case: GpuCase, *, session_kw: dict | None = None) -> dict:
     t_build = time.perf_counter() - t0
     sess.load(ckpt, strict=not case.known_audit)
     t_load = time.perf_counter() - t0 - t_build
-    prod = sess.run(first, case.steps)
-    torch.cuda.synchronize()
+    def run() -> dict:
+        out = sess.run(first, case.steps)
+        torch.cuda.synchronize()
+        return out
+    prod = around_run(sess, run) if around_run is not None else run()
     t_run = time.perf_counter() - t0 - t_build - t_load
     info = {"audit": sess.audit_problems, "attach_notes": sess.attach_notes,
             "step_notes": [dataclasses.asdict(n) for n in sess.notes],
@@ -58,7 +69,7 @@ def run_case(case: GpuCase, *, session_kw: dict | None = None) -> dict:
             info["fp8_kernels"] = fp8_kernel_notes(sess.model)
         except Exception as exc:  # noqa: BLE001 - notes must not cost the verdict
             info["fp8_kernels"] = {"error": f"{exc.__class__.__name__}: {exc}"}
-    return judge(case, prod, info)
+    return prod, info
 
 
 def fp8_kernel_notes(model) -> dict:
