@@ -6,7 +6,8 @@ Steps, in this order (each a subprocess, timed here; all of them by default):
   warmup-cold   `python -m harness warmup` into an EMPTY JIT cache root (DIR/jit-cache, wiped
                 first): what a fresh host pays before the tier (the bundle install not counted)
   warmup-warm   the same again: what a host with a kept cache pays
-  tier          `pytest -m gpu tests/gpu` on --workers xdist workers, warm (as .ci/gpu-tier);
+  tier          `pytest -m gpu tests/gpu` on --workers xdist workers, warm (as .ci/gpu-tier): side by
+                side, goldens, engine + speculator mutants, the module mutant catalogue (not TP);
                 per-case times from its JUnit
   main          `python -m harness main` warm (the README's main job)
   bisect        `python -m harness bisect-check` warm
@@ -90,9 +91,12 @@ def main(argv=None) -> int:
             record(s, rc, secs, steps=json.loads(rep.read_text())["steps"] if rep.exists() else None)
         elif s == "tier":
             junit = out / "tier-junit.xml"
+            evidence = out / "tier-evidence"  # per-test JSON/JSONL: engine reports, mutant lines
+            evidence.mkdir(exist_ok=True)
+            tier_env = {"HYV4_GPU_OUT": str(evidence), "HYV4_REPORT_DIR": str(evidence), **env}
             rc, secs = _run([py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rfE",
-                             "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_mutants.py",
-                             "--ignore=tests/gpu/test_multigpu.py", f"--junitxml={junit}"], out / "tier.log", env)
+                             "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_multigpu.py",
+                             f"--junitxml={junit}"], out / "tier.log", tier_env)
             record("tier", rc, secs, workers=a.workers, cases=_junit_cases(junit) if junit.exists() else None)
         elif s == "main":
             rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main.json")], out / "main.log", env)

@@ -92,6 +92,9 @@ def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, mon
     assert set(kw) <= fields, sorted(set(kw) - fields)
     if gib is None:
         assert "kv_cache_memory_bytes" not in kw
+        assert kw["gpu_memory_utilization"] == 0.3
     else:
         assert kw["kv_cache_memory_bytes"] == int(float(gib) * 2**30)
+        # only vLLM's start-up free-memory check reads it then: 14 GiB of an H200, not 42
+        assert kw["gpu_memory_utilization"] == 0.1
     EngineArgs(**kw)  # the dataclass takes them as given (no engine is built)

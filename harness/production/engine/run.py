@@ -129,10 +129,14 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
         # a fixed KV size: vLLM then skips its memory profiling, which fails when another
         # process on the same GPU (a parallel test worker) frees memory meanwhile
         kw["kv_cache_memory_bytes"] = int(float(gib) * (1 << 30))
+    # with a fixed KV size, gpu_memory_utilization only sets vLLM's start-up check "free
+    # memory >= utilization x total": 0.3 of an H200 is 42 GiB, more than is free while
+    # five other workers hold their models; 0.1 (14 GiB) still covers weights + 4 GiB KV
+    util = min(case.gpu_memory_utilization, 0.1) if gib else case.gpu_memory_utilization
     return dict(
         **kw, model=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
         block_size=BLOCK_SIZE, max_model_len=1024, max_num_batched_tokens=2048, max_num_seqs=8,
-        enforce_eager=True, load_format="dummy", gpu_memory_utilization=case.gpu_memory_utilization,
+        enforce_eager=True, load_format="dummy", gpu_memory_utilization=util,
         enable_prefix_caching=False,  # a cache hit would skip draft KV writes the reference needs
         seed=case.seed,
         speculative_config={"method": "mtp", "num_speculative_tokens": case.num_speculative_tokens},
