@@ -226,27 +226,19 @@ def _write_report(path, reports, meta) -> None:
         raise write_failure(f"--report {path}", exc) from exc
 
 
-def bisect_command(args) -> int:
-    from harness.regimes import coverage, uncovered
-
-    from harness.production.goldens.goldens_gpu import check_production_golden
+def _bisect_side_by_side(ids, plant) -> tuple[dict, dict, int, str | None]:
+    """bisect-check's side-by-side cases and their production goldens, in this process ->
+    (reports, regime values, verdict, the one line of a case that did not run, else None:
+    a load failure is a bad commit (1), any other crash cannot judge (125))."""
     from harness.production.cases import GPU_CASES
-    from harness.production.module.side_by_side import format_regimes, versions
+    from harness.production.goldens.goldens_gpu import check_production_golden
+    from harness.production.module.side_by_side import format_regimes
 
-    from harness.production.engine.run import ENGINE_CASES
-
-    ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
-    engine_ids = [c for c in ids if c in ENGINE_CASES]
-    ids = [c for c in ids if c not in ENGINE_CASES]
-    # the speculator path first: one engine per subprocess, before this process holds the GPU
-    # (a --plant mutant patches the module-level model only; HYV4_SPECULATOR_MUTANT the speculator)
-    engine, verdict = run_engine_cases(engine_ids)
-    reports, regime_values = {}, {}
+    reports, regime_values, verdict = {}, {}, EXIT_OK
     for cid in ids:
-        result, code, line = _run(GPU_CASES[cid], getattr(args, "plant", None))
-        if result is None:  # a load failure is a bad commit (1), any other crash cannot judge (125)
-            print(line)
-            return worst([verdict, code])
+        result, code, line = _run(GPU_CASES[cid], plant)
+        if result is None:
+            return reports, regime_values, worst([verdict, code]), line
         reports[f"side-by-side/{cid}"] = result["_report"]
         result["_report"].meta["regimes"] = result["regimes"]
         regime_values[cid] = result["regimes"]
@@ -264,6 +256,32 @@ def bisect_command(args) -> int:
         if golden.meta.get("stale"):
             print(f"     golden {cid}: {golden.meta['stale']}")
         verdict = verdict if golden.passed else EXIT_MISMATCH
+    return reports, regime_values, verdict, None
+
+
+def bisect_command(args) -> int:
+    from harness.regimes import coverage, uncovered
+
+    from harness.production.engine.run import ENGINE_CASES
+    from harness.production.module.side_by_side import versions
+
+    ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
+    engine_ids = [c for c in ids if c in ENGINE_CASES]
+    ids = [c for c in ids if c not in ENGINE_CASES]
+    # the speculator path: one engine per subprocess, started first and running while this
+    # process runs the side-by-side cases on the same GPU, collected (and printed) after them
+    # (a --plant mutant patches the module-level model only; HYV4_SPECULATOR_MUTANT the speculator)
+    started = start_engine_cases(engine_ids, gpu_shared=bool(ids))
+    try:
+        reports, regime_values, verdict, failed_line = _bisect_side_by_side(ids, getattr(args, "plant", None))
+    except BaseException:
+        stop_engine_cases(started)
+        raise
+    engine, engine_verdict = collect_engine_cases(started)
+    verdict = worst([verdict, engine_verdict])
+    if failed_line is not None:  # a side-by-side case did not run: its one line, then stop
+        print(failed_line)
+        return verdict
     missing = uncovered(regime_values)
     if missing:  # a harness weakness, not a vLLM verdict: reported, the exit code stays vLLM's
         print(f"warning: no case of this run exercises the regime(s) {missing} (harness/regimes.py)")
@@ -275,36 +293,87 @@ def bisect_command(args) -> int:
 
 def run_engine_cases(case_ids) -> tuple[dict, int]:
     """Run engine cases (``python -m harness.production.engine``, one subprocess each, so
-    every engine gets a fresh process) -> ({case: summary}, worst exit code). A planted
-    speculator bug named by ``HYV4_SPECULATOR_MUTANT`` reaches the subprocesses."""
-    import json
+    every engine gets a fresh process, all at once) -> ({case: summary}, worst exit code).
+    A planted speculator bug named by ``HYV4_SPECULATOR_MUTANT`` reaches the subprocesses."""
+    return collect_engine_cases(start_engine_cases(case_ids))
+
+
+@dataclasses.dataclass
+class _EngineRun:
+    case_id: str
+    proc: object  # subprocess.Popen
+    tmp: object  # tempfile.TemporaryDirectory: the report and the process's output
+
+
+def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun]:
+    """Start one engine subprocess per case, concurrently, and return at once. Several engines,
+    or an engine next to this process's own side-by-side runs (``gpu_shared``), share the GPU:
+    they get a fixed KV size (``HYV4_ENGINE_KV_CACHE_GIB``, 4 GiB unless set), which skips vLLM's
+    memory profiling (it fails when another process allocates or frees meanwhile) and asks
+    its start-up check for 0.1 of the GPU (harness.production.engine.run.engine_kwargs)."""
     import os
     import subprocess
     import sys
     import tempfile
 
+    from harness.production.engine.run import ENGINE_KV_GIB_ENV
+
+    env = dict(os.environ)
+    if (gpu_shared or len(case_ids) > 1) and not env.get(ENGINE_KV_GIB_ENV, "").strip():
+        env[ENGINE_KV_GIB_ENV] = "4"
+    runs = []
+    try:
+        for cid in case_ids:
+            tmp = tempfile.TemporaryDirectory(prefix="hyv4-engine-")
+            with open(os.path.join(tmp.name, "output.txt"), "w") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "harness.production.engine", "--case", cid,
+                                         "--out", tmp.name], stdout=log, stderr=subprocess.STDOUT, env=env)
+            runs.append(_EngineRun(cid, proc, tmp))
+    except BaseException:
+        stop_engine_cases(runs)
+        raise
+    return runs
+
+
+def stop_engine_cases(runs: list[_EngineRun]) -> None:
+    """Kill started engines (this process is failing) and remove their files."""
+    for r in runs:
+        if r.proc.poll() is None:
+            r.proc.kill()
+        r.proc.wait()
+        r.tmp.cleanup()
+
+
+def collect_engine_cases(runs: list[_EngineRun]) -> tuple[dict, int]:
+    """Wait for started engines, print one line each (in case order) -> ({case: summary}, worst exit code)."""
+    import json
+    import os
+
     out, verdict = {}, EXIT_OK
-    for cid in case_ids:
-        with tempfile.TemporaryDirectory(prefix="hyv4-engine-") as tmp:
-            proc = subprocess.run([sys.executable, "-m", "harness.production.engine", "--case", cid, "--out", tmp],
-                                  capture_output=True, text=True)
-            path = os.path.join(tmp, f"engine_mtp_{cid}.json")
+    try:
+        for r in runs:
+            returncode = r.proc.wait()
+            path = os.path.join(r.tmp.name, f"engine_mtp_{r.case_id}.json")
             rep = {}
             if os.path.isfile(path):
                 with open(path) as f:
                     rep = json.load(f)
-        code = proc.returncode if proc.returncode in (EXIT_OK, EXIT_MISMATCH) else EXIT_CANNOT_JUDGE
-        problems = rep.get("problems") or []
-        out[cid] = {"exit": proc.returncode, "problems": problems[:20], "acceptance": rep.get("acceptance"),
-                    "counts": rep.get("counts"), "timing_s": rep.get("timing_s"), "mutant": rep.get("mutant")}
-        if code == EXIT_OK:
-            print(f"ok   engine {cid}" + (f" (acceptance {_rates(rep)})" if rep.get("acceptance") else ""))
-        elif code == EXIT_MISMATCH:
-            print(f"FAIL engine {cid}: {problems[0] if problems else 'see ' + path}")
-        else:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
-            print(f"cannot judge: engine {cid} exited {proc.returncode}: {tail[0][:300]}")
-        verdict = worst([verdict, code])
+            code = returncode if returncode in (EXIT_OK, EXIT_MISMATCH) else EXIT_CANNOT_JUDGE
+            problems = rep.get("problems") or []
+            out[r.case_id] = {"exit": returncode, "problems": problems[:20], "acceptance": rep.get("acceptance"),
+                              "counts": rep.get("counts"), "timing_s": rep.get("timing_s"),
+                              "mutant": rep.get("mutant")}
+            if code == EXIT_OK:
+                print(f"ok   engine {r.case_id}" + (f" (acceptance {_rates(rep)})" if rep.get("acceptance") else ""))
+            elif code == EXIT_MISMATCH:
+                print(f"FAIL engine {r.case_id}: {problems[0] if problems else 'exit 1, no report'}")
+            else:
+                with open(os.path.join(r.tmp.name, "output.txt"), errors="replace") as f:
+                    tail = f.read().strip().splitlines()[-1:] or ["no output"]
+                print(f"cannot judge: engine {r.case_id} exited {returncode}: {tail[0][:300]}")
+            verdict = worst([verdict, code])
+    finally:
+        stop_engine_cases(runs)
     return out, verdict
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 
@@ -81,3 +82,51 @@ def test_plant_must_name_a_mutant(tmp_path):
     from harness.cli import CLIError
     with pytest.raises(CLIError, match="unknown mutant"):
         compare_cli.validate_args("bisect_command", _args(tmp_path, plant="no-such-bug"))
+
+
+def test_engines_run_beside_the_side_by_side_and_report_after_it(tmp_path, faked, capsys):
+    """bisect-check starts its engine subprocesses first and lets them run while this process
+    judges the side-by-side cases; each engine's line comes after them. Here (no CUDA) the real
+    engine subprocess exits 125 and says why: the run cannot be judged, the side by side passed."""
+    code = compare_cli.bisect_command(_args(tmp_path, ["engine-tiny-k2", "tiny-k3-share"]))
+    out = capsys.readouterr().out
+    assert code == 125, out
+    assert "cannot judge: engine engine-tiny-k2 exited 125: cannot judge: no CUDA device" in out
+    assert out.index("ok   side-by-side tiny-k3-share") < out.index("cannot judge: engine engine-tiny-k2")
+
+
+@pytest.mark.parametrize("ids, shared, preset, want", [
+    (["engine-tiny-k2"], False, None, None),  # alone on the GPU: vLLM profiles its memory as usual
+    (["engine-tiny-k2"], True, None, "4"),  # beside this process's side-by-side runs
+    (["engine-tiny-k2", "engine-tiny-k3-share"], False, None, "4"),  # several engines at once
+    (["engine-tiny-k2", "engine-tiny-k3-share"], False, "8", "8"),  # the user's size wins
+])
+def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, monkeypatch):
+    import subprocess
+
+    from harness.production.engine.run import ENGINE_KV_GIB_ENV
+
+    started = []
+
+    class Recorder:  # stands in for the engine subprocess: records how it was started
+        def __init__(self, cmd, env, **kw):
+            started.append((cmd, env))
+
+        def poll(self):
+            return 125
+
+        def wait(self):
+            return 125
+
+    monkeypatch.setattr(subprocess, "Popen", Recorder)
+    if preset is None:
+        monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENGINE_KV_GIB_ENV, preset)
+    runs = compare_cli.start_engine_cases(ids, gpu_shared=shared)
+    try:
+        assert [cmd[cmd.index("--case") + 1] for cmd, _ in started] == ids
+        assert {env.get(ENGINE_KV_GIB_ENV) for _, env in started} == {want}
+    finally:
+        compare_cli.stop_engine_cases(runs)
+    assert all(not os.path.exists(r.tmp.name) for r in runs)  # their files are gone

@@ -335,14 +335,14 @@ def _production_raises(monkeypatch, exc):
     def run_case(case, **kw):
         raise exc
 
-    def run_engine_cases(case_ids):  # the engine cases (subprocesses) fail the same way, first
+    def start_engine_cases(case_ids, **kw):  # the engine cases (subprocesses) fail the same way, first
         if case_ids:
             raise exc
-        return {}, 0
+        return []
 
     monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", run_case)
-    monkeypatch.setattr(compare_cli, "run_engine_cases", run_engine_cases)
+    monkeypatch.setattr(compare_cli, "start_engine_cases", start_engine_cases)
 
 
 UNLOADED = ["model.layers.3.mtp_block.mlp.gate.e_score_correction_bias: received no checkpoint value",
