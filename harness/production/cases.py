@@ -42,6 +42,10 @@ class GpuCase:
     # a checkpoint directory (``harness.checkpoint.loader``): its config and
     # weights replace preset/overrides; seed/requests/tokens still make the inputs
     ckpt_dir: str | None = None
+    # how the seeded weights are drawn (``reference.weights.random_weights``): "stream" (the
+    # goldens' one generator) or "per-tensor" (threads; for real dims, where the one serial
+    # stream of 1.8 G float64 draws was the GPU tier's critical path)
+    weights_draw: str = "stream"
 
     def hf_config(self) -> dict:
         """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
@@ -61,7 +65,7 @@ def _case_inputs(case_id: str, case_json: str):
         return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
     hf = case.hf_config()
     cfg = R.MTPConfig.from_hf_dict(hf)
-    weights = R.random_weights(cfg, case.seed)
+    weights = R.random_weights(cfg, case.seed, draw=case.weights_draw)
     if case.quant == "bf16":
         return hf, to_checkpoint(cfg, weights, case.naming, case.experts), weights
     # FP8: write the synthetic checkpoint and read it back like any real one, so
@@ -142,7 +146,7 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     # HYV4Config's MTP dimensions (hidden 2816, 32 heads, 256 experts top-8, v 256,
     # index_topk 2048; vocab cut to 8192): ~13 GB of float64 reference weights,
     # the reference replays take tens of seconds on the host CPU
-    GpuCase("real-dims-k2", preset="real-dims", requests=2, tokens=24, steps=2, seed=21),
+    GpuCase("real-dims-k2", preset="real-dims", requests=2, tokens=24, steps=2, seed=21, weights_draw="per-tensor"),
     # FP8 checkpoints (mtp_quant_algo FP8, 128x128 blocks): production loads the
     # stored e4m3 weights + scales through vLLM's FP8 paths (Fp8LinearMethod,
     # Fp8MoEMethod, FP8 indexer wk dequant); the reference runs on the exact

@@ -223,3 +223,37 @@ def test_production_precision_stays_close_to_exact():
     assert b["attn.core"].dtype == torch.bfloat16 and b["logits"].dtype == torch.float32
     rel = (b["final_norm"].double() - a["final_norm"]).norm() / a["final_norm"].norm()
     assert 0 < float(rel) < 0.05
+
+
+def test_per_tensor_draw_is_seeded_by_name_and_thread_count_free():
+    """``draw="per-tensor"`` (real-dims-k2's weights): the same names, shapes and storage
+    precisions as the stream draw, other values; the same values on 1 and 2 threads; a tensor's
+    values depend on (seed, name) only, so a second MTP layer leaves layer 0's untouched."""
+    from reference.weights import is_fp32_param
+
+    cfg = MTPConfig.from_hf_dict(preset("tiny"))
+    stream = random_weights(cfg, 3)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = random_weights(cfg, 3, draw="per-tensor")
+        torch.set_num_threads(2)
+        two = random_weights(cfg, 3, draw="per-tensor")
+    finally:
+        torch.set_num_threads(before)
+    assert list(one) == list(stream) and all(one[k].shape == stream[k].shape for k in one)
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    assert not torch.equal(one["layers.0.attn.q_a_proj"], stream["layers.0.attn.q_a_proj"])
+    other_seed = random_weights(cfg, 4, draw="per-tensor")
+    assert not torch.equal(one["layers.0.attn.q_a_proj"], other_seed["layers.0.attn.q_a_proj"])
+    for k, v in one.items():  # stored precision: the values survive the round trip unchanged
+        rounding = torch.float32 if is_fp32_param(k) else torch.bfloat16
+        assert v.dtype == torch.float64 and torch.equal(v.to(rounding).to(torch.float64), v), k
+    w = one["layers.0.mlp.experts.gate_proj"]  # N(0, 1 / in_features)
+    assert abs(w.std().item() * w.shape[-1] ** 0.5 - 1) < 0.05
+    two_layers = random_weights(MTPConfig.from_hf_dict(preset("tiny", num_nextn_predict_layers=2)), 3,
+                                draw="per-tensor")
+    assert any(k.startswith("layers.1.") for k in two_layers)
+    assert all(torch.equal(two_layers[k], v) for k, v in one.items())
+    with pytest.raises(ValueError, match="draw='fast'"):
+        random_weights(cfg, 3, draw="fast")
