@@ -1,7 +1,7 @@
 """``python -m harness warmup``: compile the GPU stack's JIT kernels once per host, in one process.
 
     python -m harness warmup [--cache DIR] [--case ID ...] [--engine ID | --no-engine]
-                             [--report FILE.json] [--pack FILE.tar.gz]
+                             [--if-cold] [--report FILE.json] [--pack FILE.tar.gz]
 
 A fresh GPU host spends most of the GPU tier compiling: FlashInfer's FP8 block GEMM
 (> 150 s), DeepGEMM's indexer and FP8 kernels per shape, Triton's fused MoE per
@@ -15,6 +15,10 @@ The caches land where each library keeps them, or under one root with ``--cache 
 / ``$HYV4_JIT_CACHE`` (``harness.runtime.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
 DeepGEMM, inductor, the driver's PTX cache). ``--pack`` writes that root as a tarball
 for the next host: ``tar -xzf FILE -C DIR && export HYV4_JIT_CACHE=DIR``.
+Each warmed step is stamped in the root (``hyv4-warm.json``: the versions of torch,
+CUDA, vLLM and the GPU, and a fingerprint of the case's definition); ``--if-cold``
+runs only the steps the stamp does not hold for these versions, so a host with a
+kept cache pays seconds, not the ~100 s of re-running every case.
 FlashInfer's precompiled kernels (``vllm download-kernels``: ``flashinfer-cubin`` /
 ``flashinfer-jit-cache`` 0.7.2.post1, the version vLLM 0.33 pins) are published only
 on flashinfer.ai, not on PyPI (which stops at flashinfer-cubin 0.6.13, refused by
@@ -27,6 +31,9 @@ case's numbers are not looked at.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
 import tarfile
 import time
@@ -44,6 +51,8 @@ def add_arguments(p) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--engine", default=DEFAULT_ENGINE_CASE, metavar="ID", help="engine case to build and run")
     g.add_argument("--no-engine", action="store_true", help="skip the engine")
+    p.add_argument("--if-cold", action="store_true", help="skip the steps the cache root's stamp holds for "
+                   "these versions (needs --cache or $HYV4_JIT_CACHE)")
     p.add_argument("--report", metavar="FILE.json", help="write the per-step times here")
     p.add_argument("--pack", metavar="FILE.tar.gz", help="after warming, tar the cache root (needs --cache or "
                    f"${JIT_CACHE_ENV})")
@@ -59,8 +68,9 @@ def check_arguments(args) -> None:
             raise CLIError(f"--case {cid}: unknown; known: {', '.join(GPU_CASES)}")
     if not args.no_engine and args.engine not in ENGINE_CASES:
         raise CLIError(f"--engine {args.engine}: unknown; known: {', '.join(ENGINE_CASES)}")
-    if args.pack and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
-        raise CLIError(f"--pack needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
+    for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
+        if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
+            raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
     for flag, path in (("--report", args.report), ("--pack", args.pack)):
         if path:
             parent = os.path.dirname(os.path.abspath(path))
@@ -79,8 +89,45 @@ def cache_size(root: str) -> int:
     return total
 
 
+STAMP = "hyv4-warm.json"
+
+
+def fingerprint(case) -> str:
+    """A case's definition (a GpuCase or EngineCase dataclass), hashed: its shapes are what was compiled."""
+    blob = json.dumps(dataclasses.asdict(case), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def read_stamp(root: str) -> dict:
+    """The root's stamp ({"versions": ..., "steps": {name: fingerprint}}); empty when absent or unreadable."""
+    try:
+        with open(os.path.join(root, STAMP)) as f:
+            stamp = json.load(f)
+        return stamp if isinstance(stamp, dict) and isinstance(stamp.get("steps"), dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def cold_steps(wanted: dict, stamp: dict, versions: dict) -> dict:
+    """The steps of ``wanted`` ({name: fingerprint}) the stamp does not hold warm for ``versions``."""
+    if stamp.get("versions") != versions:
+        return dict(wanted)
+    held = stamp.get("steps", {})
+    return {name: fp for name, fp in wanted.items() if held.get(name) != fp}
+
+
+def write_stamp(root: str, versions: dict, warmed: dict) -> None:
+    """Add ``warmed`` ({name: fingerprint}) to the root's stamp (a stamp of other versions is replaced)."""
+    from .atomic import atomic_write_json
+
+    stamp = read_stamp(root)
+    steps = stamp.get("steps", {}) if stamp.get("versions") == versions else {}
+    atomic_write_json(os.path.join(root, STAMP), {"versions": versions, "steps": {**steps, **warmed}})
+
+
 def run(args, log=print) -> dict:
-    """Warm every step; the report (per-step seconds, cache root and size)."""
+    """Warm every step (with ``--if-cold`` only those the stamp lacks); the report (per-step
+    seconds, the steps skipped as warm, cache root and size)."""
     set_vars = apply_jit_cache(args.cache)
     root = os.environ.get(JIT_CACHE_ENV)
     reason = cannot_run_production_reason()
@@ -91,9 +138,15 @@ def run(args, log=print) -> dict:
     from .production.cases import GPU_CASES
     from .production.engine.run import ENGINE_CASES
     from .production.engine.run import run_case as run_engine_case
-    from .production.module.side_by_side import run_production_side
+    from .production.module.side_by_side import run_production_side, versions
 
-    rep = {"cache_root": root, "set": set_vars, "steps": [], "size_before": cache_size(root) if root else None}
+    wanted = {cid: fingerprint(GPU_CASES[cid]) for cid in args.case or list(GPU_CASES)}
+    if not args.no_engine:
+        wanted[args.engine] = fingerprint(ENGINE_CASES[args.engine])
+    vs = versions()
+    todo = cold_steps(wanted, read_stamp(root), vs) if getattr(args, "if_cold", False) else dict(wanted)
+    rep = {"cache_root": root, "set": set_vars, "steps": [], "skipped_warm": sorted(set(wanted) - set(todo)),
+           "versions": vs, "size_before": cache_size(root) if root else None}
     t_all = time.perf_counter()
 
     def step(name, fn):
@@ -105,8 +158,10 @@ def run(args, log=print) -> dict:
         dt = time.perf_counter() - t0
         rep["steps"].append({"name": name, "seconds": round(dt, 2)})
         log(f"warmup {name}: {dt:.1f} s", flush=True)
+        if root:  # stamped as it goes: a later failure keeps what was warmed
+            write_stamp(root, vs, {name: todo[name]})
 
-    for cid in args.case or list(GPU_CASES):
+    for cid in (c for c in wanted if c in todo and c in GPU_CASES):
         case = GPU_CASES[cid]
 
         def module_level(case=case):
@@ -114,7 +169,7 @@ def run(args, log=print) -> dict:
             torch.cuda.empty_cache()
 
         step(cid, module_level)
-    if not args.no_engine:
+    if not args.no_engine and args.engine in todo:
         step(args.engine, lambda: run_engine_case(ENGINE_CASES[args.engine], log=lambda *a, **k: None))
     rep["seconds"] = round(time.perf_counter() - t_all, 2)
     if root:
@@ -138,6 +193,8 @@ def cmd_warmup(args) -> int:
     check_arguments(args)
     rep = run(args)
     line = f"warmup: {len(rep['steps'])} steps in {rep['seconds']:.1f} s"
+    if rep["skipped_warm"]:
+        line += f" ({len(rep['skipped_warm'])} stamped warm for these versions, skipped)"
     if rep["cache_root"]:
         line += (f"; cache {rep['cache_root']}: {rep['size_before'] / 2**20:.0f} -> "
                  f"{rep['size_after'] / 2**20:.0f} MiB")

@@ -15,6 +15,7 @@ from harness.cli import main
     (["--case", "no-such-case"], "--case no-such-case"),
     (["--engine", "no-such-engine"], "--engine no-such-engine"),
     (["--pack", "x.tar.gz"], "--pack needs one cache root"),
+    (["--if-cold"], "--if-cold needs one cache root"),
     (["--report", "/no/such/dir/r.json"], "--report /no/such/dir/r.json"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, culprit, capsys, monkeypatch):
@@ -98,3 +99,30 @@ def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, mon
         # only vLLM's start-up free-memory check reads it then: 14 GiB of an H200, not 42
         assert kw["gpu_memory_utilization"] == 0.1
     EngineArgs(**kw)  # the dataclass takes them as given (no engine is built)
+
+
+def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
+    """``--if-cold``: a step is skipped only when the cache root's stamp holds it for the same
+    torch/CUDA/vLLM/GPU and the same case definition; anything else runs again."""
+    import dataclasses
+
+    from harness.production.cases import GPU_CASES
+    from harness.warmup import STAMP, cold_steps, fingerprint, read_stamp, write_stamp
+
+    a, b = GPU_CASES["tiny-k1"], GPU_CASES["tiny-k3-share"]
+    wanted = {"tiny-k1": fingerprint(a), "tiny-k3-share": fingerprint(b)}
+    h200 = {"torch": "2.11.0+cu130", "vllm": "0.33.0", "cuda": "13.0", "gpu": "NVIDIA H200"}
+    assert read_stamp(str(tmp_path)) == {}
+    assert cold_steps(wanted, {}, h200) == wanted  # nothing stamped: everything runs
+    write_stamp(str(tmp_path), h200, {"tiny-k1": wanted["tiny-k1"]})
+    stamp = read_stamp(str(tmp_path))
+    assert cold_steps(wanted, stamp, h200) == {"tiny-k3-share": wanted["tiny-k3-share"]}
+    assert cold_steps(wanted, stamp, {**h200, "vllm": "0.34.0"}) == wanted  # another vLLM: all cold
+    changed = {**wanted, "tiny-k1": fingerprint(dataclasses.replace(a, tokens=a.tokens + 1))}
+    assert cold_steps(changed, stamp, h200) == changed  # a case with other shapes: cold again
+    write_stamp(str(tmp_path), h200, {"tiny-k3-share": wanted["tiny-k3-share"]})
+    assert cold_steps(wanted, read_stamp(str(tmp_path)), h200) == {}  # stamps accumulate
+    write_stamp(str(tmp_path), {**h200, "gpu": "NVIDIA B200"}, {"tiny-k1": wanted["tiny-k1"]})
+    assert read_stamp(str(tmp_path))["steps"] == {"tiny-k1": wanted["tiny-k1"]}  # other versions replace it
+    (tmp_path / STAMP).write_text("{not json")
+    assert read_stamp(str(tmp_path)) == {}  # unreadable: nothing counts as warm
