@@ -3,8 +3,8 @@
     python benchmarks/bench_gpu_tier.py --out DIR [--workers 6] [--only STEP,STEP...] [--cache DIR]
 
 Steps, in this order (each a subprocess, timed here; all of them by default):
-  warmup-cold   `python -m harness warmup` into an EMPTY JIT cache root (DIR/jit-cache, wiped
-                first): what a fresh host pays before the tier (the bundle install not counted)
+  warmup-cold   `python -m harness warmup --lanes 4` into an EMPTY JIT cache root (DIR/jit-cache,
+                wiped first): what a fresh host pays before the tier (the bundle install not counted)
   warmup-warm   the same again, every step re-run on the warm cache
   warmup-kept   `warmup --if-cold` on the warm cache: what .ci/gpu-tier pays on a host that
                 kept its cache (the stamped steps are skipped)
@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--workers", type=int, default=6)
     ap.add_argument("--only", default=",".join(STEPS))
+    ap.add_argument("--warmup-lanes", type=int, default=4, help="warmup --lanes (as .ci/gpu-tier; 1: serial)")
     ap.add_argument("--cache", help="JIT cache root (default OUT/jit-cache; warmup-cold wipes it)")
     a = ap.parse_args(argv)
     steps = [s.strip() for s in a.only.split(",") if s.strip()]
@@ -89,9 +90,10 @@ def main(argv=None) -> int:
             shutil.rmtree(cache, ignore_errors=True)
         if s in ("warmup-cold", "warmup-warm", "warmup-kept"):
             rep = out / f"{s}.json"
-            rc, secs = _run([py, "-m", "harness", "warmup", "--report", str(rep),
+            rc, secs = _run([py, "-m", "harness", "warmup", "--report", str(rep), "--lanes", str(a.warmup_lanes),
                              *(["--if-cold"] if s == "warmup-kept" else [])], out / f"{s}.log", env)
-            record(s, rc, secs, steps=json.loads(rep.read_text())["steps"] if rep.exists() else None)
+            record(s, rc, secs, lanes=a.warmup_lanes,
+                   steps=json.loads(rep.read_text())["steps"] if rep.exists() else None)
         elif s == "tier":
             junit = out / "tier-junit.xml"
             evidence = out / "tier-evidence"  # per-test JSON/JSONL: engine reports, mutant lines

@@ -126,3 +126,49 @@ def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
     assert read_stamp(str(tmp_path))["steps"] == {"tiny-k1": wanted["tiny-k1"]}  # other versions replace it
     (tmp_path / STAMP).write_text("{not json")
     assert read_stamp(str(tmp_path)) == {}  # unreadable: nothing counts as warm
+
+
+def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
+    """``--lanes``: the first bf16 case alone, then FP8 checkpoints, the engine, real dims and
+    the other bf16 cases (their cold costs in that order) spread over the lanes; every wanted
+    step lands in exactly one place."""
+    from harness.production.cases import GPU_CASES
+    from harness.warmup import DEFAULT_ENGINE_CASE, plan_lanes
+
+    cases = list(GPU_CASES)
+    lead, lanes = plan_lanes(cases, DEFAULT_ENGINE_CASE, 4)
+    assert lead == "tiny-k1" and len(lanes) == 4
+    fp8 = [c for c in cases if GPU_CASES[c].quant != "bf16"]
+    assert lanes[0] == {"cases": fp8, "engine": None} and lanes[1] == {"cases": [], "engine": DEFAULT_ENGINE_CASE}
+    assert lanes[2]["cases"] == ["real-dims-k2"]
+    placed = [c for lane in lanes for c in lane["cases"]]
+    assert sorted([lead, *placed]) == sorted(cases)
+    lead2, two = plan_lanes(cases, DEFAULT_ENGINE_CASE, 2)  # fewer lanes: families share them
+    assert lead2 == lead and len(two) == 2 and two[1]["engine"] == DEFAULT_ENGINE_CASE
+    assert sorted(c for lane in two for c in lane["cases"]) == sorted(placed)
+    assert plan_lanes(["tiny-k2-fp8-split-long"], None, 4) == (None, [{"cases": ["tiny-k2-fp8-split-long"],
+                                                                       "engine": None}])
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--engine-only", "--case", "tiny-k1"], "--engine-only and --case"),
+    (["--lanes", "0"], "--lanes 0"),
+    (["--engine-only", "--no-engine"], "--engine-only and --no-engine"),
+])
+def test_lane_flags_are_checked(argv, culprit, capsys):
+    assert main(["warmup", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and culprit in err[0]
+
+
+def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named():
+    """The lane commands are ``python -m harness warmup`` with flags it accepts: here (no CUDA)
+    every lane exits 125 and the first is named with its steps and its last line."""
+    if runtime.cannot_run_production_reason() is None:
+        pytest.skip("a GPU with vLLM is present: the lanes would warm")
+    from harness.exitcodes import CannotJudge
+    from harness.warmup import DEFAULT_ENGINE_CASE, run_lanes
+
+    lanes = [{"cases": [], "engine": DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
+    with pytest.raises(CannotJudge, match=rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125: .*no CUDA"):
+        run_lanes(None, lanes)
