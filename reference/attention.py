@@ -51,29 +51,37 @@ def queries(cfg: MTPConfig, lw: dict, q_c: torch.Tensor, positions: torch.Tensor
 
 
 def attend(cfg: MTPConfig, lw: dict, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
-           sink: torch.Tensor | None, num: Numerics) -> torch.Tensor:
-    """core [nh_local * dv] for ONE query over S keys.
+           sink: torch.Tensor | None, num: Numerics, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """core [..., nh_local * dv] for each query over its S keys.
 
-    q: [nh, dn + dr]; kv_c: [S, Lkv]; k_pe: [S, dr]; sink: [nh] or None.
+    q: [..., nh, dn + dr]; kv_c: [..., S, Lkv]; k_pe: [..., S, dr]; sink: [nh] or
+    None; the leading dims (one query: none; a batch: [T]) match. ``valid``
+    [..., S]: the keys each query attends (default all); the others get
+    logit -inf, so p_h(j) = 0 there.
     """
     dn, dv, lkv = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-    nh = q.shape[0]
+    nh = q.shape[-2]
     w = lw["attn.kv_b_proj"].reshape(nh, dn + dv, lkv)
     w_uk, w_uv = w[:, :dn, :], w[:, dn:, :]
     # Absorb W_UK into the query (a bf16 bmm in production).
-    q_lat = num.store(torch.einsum("hd,hdl->hl", num.up(q[:, :dn]), num.up(w_uk)))
-    logits = (num.up(q_lat) @ num.up(kv_c).T + num.up(q[:, dn:]) @ num.up(k_pe).T)
-    logits = logits.to(num.fp32) * cfg.softmax_scale  # [nh, S]
+    q_lat = num.store(torch.einsum("...hd,hdl->...hl", num.up(q[..., :dn]), num.up(w_uk)))
+    logits = (num.up(q_lat) @ num.up(kv_c).transpose(-1, -2)
+              + num.up(q[..., dn:]) @ num.up(k_pe).transpose(-1, -2))
+    logits = logits.to(num.fp32) * cfg.softmax_scale  # [..., nh, S]
+    if valid is not None:
+        logits = logits.masked_fill(~valid[..., None, :], float("-inf"))
     if sink is not None:
-        full = torch.cat([logits, sink.to(logits.dtype)[:, None]], dim=1)
-        p_full = torch.softmax(full, dim=1)
-        probes.note("attn.sink_share", p_full[:, -1])
-        p = p_full[:, :-1]
+        sink_col = sink.to(logits.dtype)[:, None].expand(*logits.shape[:-1], 1)
+        p_full = torch.softmax(torch.cat([logits, sink_col], dim=-1), dim=-1)
+        probes.note("attn.sink_share", p_full[..., -1])
+        p = p_full[..., :-1]
     else:
-        p = torch.softmax(logits, dim=1)
-    o_lat = num.store(p @ num.up(kv_c).to(p.dtype))  # [nh, Lkv]
-    core = torch.einsum("hl,hvl->hv", num.up(o_lat), num.up(w_uv))
-    return num.store(core).reshape(nh * dv)
+        p = torch.softmax(logits, dim=-1)
+    if valid is not None:
+        p = p.masked_fill(~valid[..., None, :], 0.0)  # a query with no key at all: p = 0, not NaN
+    o_lat = num.store(p @ num.up(kv_c).to(p.dtype))  # [..., nh, Lkv]
+    core = torch.einsum("...hl,hvl->...hv", num.up(o_lat), num.up(w_uv))
+    return num.store(core).reshape(*q.shape[:-2], nh * dv)
 
 
 def gate(cfg: MTPConfig, lw: dict, x: torch.Tensor, num: Numerics) -> torch.Tensor:

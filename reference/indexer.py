@@ -68,24 +68,26 @@ def project(cfg: MTPConfig, lw: dict, x: torch.Tensor, q_c: torch.Tensor,
 
 
 def scores(q_fp8: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """score_j = sum_h weights_h relu(q8_h . keys_j) for one query.
+    """score_j = sum_h weights_h relu(q8_h . keys_j), per query.
 
-    q_fp8: [ih, D] (e4m3 values), weights: [ih] (q scale folded in),
-    keys: [S, D] dequantized cache keys (k8 * s_k). Returns [S] float64.
+    q_fp8: [..., ih, D] (e4m3 values), weights: [..., ih] (q scale folded in),
+    keys: [..., S, D] dequantized cache keys (k8 * s_k); the leading dims (one
+    query: none; a batch of queries: [T]) match. Returns [..., S] float64.
     """
-    dots = q_fp8.to(torch.float64) @ keys.to(torch.float64).T  # [ih, S]
-    return (torch.relu(dots) * weights.to(torch.float64)[:, None]).sum(0)
+    dots = q_fp8.to(torch.float64) @ keys.to(torch.float64).transpose(-1, -2)  # [..., ih, S]
+    return (torch.relu(dots) * weights.to(torch.float64)[..., :, None]).sum(-2)
 
 
 def select_topk(score: torch.Tensor, k: int) -> torch.Tensor:
     """Top-k key positions by score (descending), -1 padded to length k.
 
-    score: [S] over positions 0..S-1 (all causal-visible). Ties: the lower
-    position first (torch.sort is stable); production may order ties
-    differently, so comparisons treat rows as sets and report ties.
+    score: [..., S] over positions 0..S-1; -inf marks a position the query does
+    not see (past its own), never selected. Ties: the lower position first
+    (torch.sort is stable); production may order ties differently, so
+    comparisons treat rows as sets and report ties.
     """
-    s = score.numel()
-    order = torch.sort(score, descending=True, stable=True).indices[:k]
-    out = torch.full((k,), -1, dtype=torch.long, device=score.device)
-    out[: min(k, s)] = order
+    order = torch.sort(score, descending=True, stable=True).indices[..., :k]
+    picked = torch.gather(score, -1, order) > float("-inf")
+    out = torch.full((*score.shape[:-1], k), -1, dtype=torch.long, device=score.device)
+    out[..., : order.shape[-1]] = torch.where(picked, order, -1)
     return out

@@ -40,13 +40,17 @@ def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float | None) -> torch.Tenso
 
 
 def ffn(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-        limit: float | None, num: Numerics, probe: str | None = None) -> torch.Tensor:
-    """W_down swiglu(W_gate x, W_up x): x [T, H] -> [T, H]. ``probe``: name under which the
-    pre-clamp (gate ; up) are noted while ``probes.recording`` is on."""
+        limit: float | None, num: Numerics, probe: str | None = None,
+        probe_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """W_down swiglu(W_gate x, W_up x): x [T, H] -> [T, H]; with stacked experts' weights
+    ([E, I, H], [E, I, H], [E, H, I]) every expert on every token: [E, T, H]. ``probe``: name
+    under which the pre-clamp (gate ; up) are noted while ``probes.recording`` is on (only the
+    [E, T] entries where ``probe_rows`` is True, when given)."""
     g = num.linear(x, w_gate)
     u = num.linear(x, w_up)
     if probe and probes.active():
-        probes.note(probe, torch.stack([num.up(g), num.up(u)]))
+        gu = torch.stack([num.up(g), num.up(u)])
+        probes.note(probe, gu if probe_rows is None else gu[:, probe_rows])
     a = num.store(swiglu(num.up(g), num.up(u), limit))
     return num.linear(a, w_down)
 
@@ -60,19 +64,27 @@ def routed(cfg: MTPConfig, lw: dict, x: torch.Tensor, ids: torch.Tensor, w: torc
     """sum_i w_i E_ids_i(x) over the local ``experts`` (all by default): [T, H].
 
     ``lw`` may hold an intermediate-size shard of every expert (TP) or only
-    the experts in ``experts`` at their global ids (EP).
+    the experts in ``experts`` at their global ids (EP). Every local expert
+    runs on every token (one batched GEMM per projection, no loop over
+    experts); each token then adds up its own experts' weighted outputs from
+    0, in ascending expert id (the order of an index_add per expert).
     """
     t, h = x.shape
+    local = range(cfg.n_routed_experts) if experts is None else experts
+    lo, hi = local.start, local.stop
+    chosen = (ids[None] == torch.arange(lo, hi, device=x.device)[:, None, None]).any(-1)  # [E_local, T]
+    y = ffn(x, lw["mlp.experts.gate_proj"][lo:hi], lw["mlp.experts.up_proj"][lo:hi],
+            lw["mlp.experts.down_proj"][lo:hi], clamp_limit(cfg), num,
+            probe="moe.routed.gate_up", probe_rows=chosen)  # [E_local, T, H]
+    e_sorted, order = torch.sort(ids, dim=-1)  # each token's experts, ascending id
+    w_sorted = torch.gather(w, 1, order)
+    rows = torch.arange(t, device=x.device)
     acc = torch.zeros(t, h, dtype=num.fp32, device=x.device)
-    limit = clamp_limit(cfg)
-    wanted = range(cfg.n_routed_experts) if experts is None else experts
-    for e in torch.unique(ids).tolist():
-        if e not in wanted:
-            continue
-        rows, slot = torch.nonzero(ids == e, as_tuple=True)
-        y = ffn(x[rows], lw["mlp.experts.gate_proj"][e], lw["mlp.experts.up_proj"][e],
-                lw["mlp.experts.down_proj"][e], limit, num, probe="moe.routed.gate_up")
-        acc.index_add_(0, rows, num.up(y).to(num.fp32) * w[rows, slot, None].to(num.fp32))
+    for i in range(ids.shape[1]):  # num_experts_per_tok slots
+        e = e_sorted[:, i]
+        here = ((e >= lo) & (e < hi))[:, None]
+        y_i = y[(e - lo).clamp(0, hi - lo - 1), rows]  # [T, H]: token t's output of expert e_t
+        acc = torch.where(here, acc + num.up(y_i).to(num.fp32) * w_sorted[:, i, None].to(num.fp32), acc)
     return num.store(acc)
 
 

@@ -53,10 +53,16 @@ class StepInput:
 
     def last_rows(self) -> torch.Tensor:
         """Row of each request's last token, in request order: [R]."""
-        rows = []
-        for r in torch.unique(self.request).tolist():
-            rows.append(int(torch.nonzero(self.request == r).max()))
-        return torch.tensor(rows, dtype=torch.long, device=self.request.device)
+        ids, slot = torch.unique(self.request, return_inverse=True)  # slot: request order 0..R-1
+        rows = torch.arange(self.request.numel(), device=self.request.device)
+        return rows.new_zeros(ids.numel()).scatter_reduce(0, slot, rows, "amax", include_self=False)
+
+
+def _row_blocks(t: int, per_row: int, budget: int = 1 << 24) -> list[slice]:
+    """Consecutive query rows, at most ``budget`` // ``per_row`` per block: bounds the memory of
+    the keys gathered per query (a block's [rows, S, ...] tensors), not the math."""
+    n = max(1, budget // max(per_row, 1))
+    return [slice(i, min(i + n, t)) for i in range(0, t, n)]
 
 
 def layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
@@ -99,8 +105,10 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
     x = rms_norm(x0, lw["input_layernorm"], cfg.rms_norm_eps, num)
     lat = attention.latents(cfg, lw, x, pos, num)
     tr["attn.q_c"], tr["attn.kv_c"], tr["attn.k_pe"] = lat["q_c"], lat["kv_c"], lat["k_pe"]
-    for i in range(t):
-        cache.write(layer, int(req[i]), int(pos[i]), kv_c=lat["kv_c"][i], k_pe=lat["k_pe"][i])
+    cache.write(layer, req, pos, kv_c=lat["kv_c"], k_pe=lat["k_pe"])
+    span = int(pos.max()) + 1
+    causal = torch.arange(span, device=dev)[None, :] <= pos[:, None]  # [T, span]: keys 0..p
+    causal_rows = torch.where(causal, torch.arange(span, device=dev), -1)
 
     # ---- which keys each query attends ------------------------------------
     if cfg.attention_sparse and run_indexer:
@@ -108,17 +116,13 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
         tr["indexer.q_fp8"], tr["indexer.q_scale"] = idx["q_fp8"], idx["q_scale"]
         tr["indexer.k"], tr["indexer.weights"] = idx["k"], idx["weights"]
         deq_k = idx["k_fp8"] * idx["k_scale"].repeat_interleave(indexer.QUANT_GROUP, -1)
-        for i in range(t):
-            cache.write(layer, int(req[i]), int(pos[i]), index_k=deq_k[i])
-        span = int(pos.max()) + 1
+        cache.write(layer, req, pos, index_k=deq_k)
         score_rows = torch.full((t, span), float("-inf"), dtype=torch.float64, device=dev)
-        rows = torch.empty((t, cfg.index_topk), dtype=torch.long, device=dev)
-        for i in range(t):
-            visible = torch.arange(int(pos[i]) + 1, device=dev)
-            keys = cache.read(layer, int(req[i]), visible, "index_k")
-            s = indexer.scores(idx["q_fp8"][i], idx["weights"][i], keys)
-            score_rows[i, : s.numel()] = s
-            rows[i] = indexer.select_topk(s, cfg.index_topk)
+        for b in _row_blocks(t, span * (cfg.index_head_dim + cfg.index_n_heads)):
+            keys = cache.read(layer, req[b], causal_rows[b], "index_k")  # [rows, span, D]
+            s = indexer.scores(idx["q_fp8"][b], idx["weights"][b], keys)
+            score_rows[b] = s.masked_fill(~causal[b], float("-inf"))
+        rows = indexer.select_topk(score_rows, cfg.index_topk)
         tr["indexer.scores"], tr["indexer.topk"] = score_rows, rows
     elif cfg.attention_sparse:
         if topk_rows is None or topk_rows.shape != (t, cfg.index_topk):
@@ -128,6 +132,7 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
         rows = None  # dense causal attention
     if rows is not None:
         tr["attn.topk"] = rows
+    keys = causal_rows if rows is None else rows  # [T, S] key positions per query, -1 = none
 
     # ---- per-rank attention, summed (the o_proj all-reduce) ----------------
     q_parts, core_parts, gate_parts, out = [], [], [], None
@@ -136,11 +141,10 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
         q = attention.queries(c, w, lat["q_c"], pos, num)
         sink = w.get("attn.sink") if cfg.sink_applied else None  # none on dense layers (config.py)
         core = torch.empty((t, c.num_attention_heads * c.v_head_dim), dtype=num.act, device=dev)
-        for i in range(t):
-            keys = (torch.arange(int(pos[i]) + 1, device=dev) if rows is None else rows[i][rows[i] >= 0])
-            kv_c = cache.read(layer, int(req[i]), keys, "kv_c")
-            k_pe = cache.read(layer, int(req[i]), keys, "k_pe")
-            core[i] = attention.attend(c, w, q[i], kv_c, k_pe, sink, num)
+        for b in _row_blocks(t, keys.shape[1] * (c.kv_lora_rank + c.qk_rope_head_dim)):
+            kv_c = cache.read(layer, req[b], keys[b], "kv_c")  # [rows, S, Lkv], zeros at -1
+            k_pe = cache.read(layer, req[b], keys[b], "k_pe")
+            core[b] = attention.attend(c, w, q[b], kv_c, k_pe, sink, num, valid=keys[b] >= 0)
         gated = core
         if cfg.gated_mla:
             g = attention.gate(c, w, x, num)

@@ -37,9 +37,10 @@ class Numerics:
     def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.dtype | None = None) -> torch.Tensor:
         """y = x @ w.T accumulated in ``acc``, rounded to ``out`` (default ``act``).
 
-        x: [..., in], w: [out_features, in] -> [..., out_features].
+        x: [..., in], w: [out_features, in] -> [..., out_features]; w may be a stack
+        [..., out_features, in] (x broadcast against it).
         """
-        y = self.up(x) @ self.up(w).T
+        y = self.up(x) @ self.up(w).mT
         return y.to(out or self.act)
 
     @property

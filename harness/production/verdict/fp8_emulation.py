@@ -90,7 +90,7 @@ class Fp8Numerics(Numerics):
         if w.untyped_storage().data_ptr() not in self.fp8_storages:
             return super().linear(x, w, out)
         xq = quantize_act(x.to(self.act), GROUP, self.act_pow2)
-        y = self.up(xq) @ self.up(w).T
+        y = self.up(xq) @ self.up(w).mT
         return y.to(out or self.act)
 
 
