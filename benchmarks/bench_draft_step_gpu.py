@@ -5,7 +5,8 @@
 
 With --reference-repeats N > 0 it also times the float64 reference
 (``reference.draft``, on the CPU or with --reference-device cuda on the same GPU) on the same case in the same run and prints the
-ratio reference / production per draft run (all K steps).
+ratio reference / production per draft run (all K steps). With --reference-only
+only the reference is timed (a host without vLLM: no production figure, no ratio).
 
 Times ``ProductionSession.run`` for all K steps (metadata build by vLLM's
 builders + forward + logits + argmax + host round trips between steps), twice:
@@ -19,32 +20,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
+import sys
 import time
 
-import torch
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import reference as R
-from harness.checkpoint.names import to_checkpoint
-from harness.presets import preset
-from harness.production.module.runner import ProductionSession
+import torch  # noqa: E402
+
+import reference as R  # noqa: E402
+from harness.checkpoint.names import to_checkpoint  # noqa: E402
+from harness.presets import preset  # noqa: E402
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--reference-repeats", type=int, default=0)
-    ap.add_argument("--reference-device", choices=("cpu", "cuda"), default="cpu",
-                    help="where the float64 reference runs (cuda: the same GPU as production)")
-    a = ap.parse_args(argv)
-    hf = preset(a.preset)
-    cfg = R.MTPConfig.from_hf_dict(hf)
-    first = R.make_case(cfg, 0, a.requests, a.tokens)
+def _production(a, hf, cfg, first, weights) -> dict:
+    """Production's run time for all K steps, without and with the component hooks."""
+    from harness.production.module.runner import ProductionSession
+
     sess = ProductionSession(hf, num_speculative_tokens=a.steps, max_num_batched_tokens=4096)
-    weights = R.random_weights(cfg, 0)
     sess.load(to_checkpoint(cfg, weights))
     sess.run(first, a.steps)  # warm-up: JIT kernels, workspaces
 
@@ -61,10 +54,34 @@ def main(argv=None) -> dict:
     times = timed(False)
     hooked = timed(True)
     med = sorted(times)[len(times) // 2]
+    return {"run_s_min": min(times), "run_s_median": med, "production_s_per_step": med / a.steps,
+            "run_with_hooks_s_median": sorted(hooked)[len(hooked) // 2]}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reference-repeats", type=int, default=0)
+    ap.add_argument("--reference-device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the float64 reference runs (cuda: the same GPU as production)")
+    ap.add_argument("--reference-only", action="store_true",
+                    help="time only the reference (a host without vLLM; no production figure, no ratio)")
+    a = ap.parse_args(argv)
+    if a.reference_only:
+        a.reference_repeats = max(a.reference_repeats, 3)
+    hf = preset(a.preset)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    first = R.make_case(cfg, 0, a.requests, a.tokens)
+    weights = R.random_weights(cfg, 0, draw="per-tensor")  # the values do not matter here; the draw is faster
     out = {"preset": a.preset, "tokens_step0": int(first.input_ids.numel()), "steps": a.steps,
-           "run_s_min": min(times), "run_s_median": med, "production_s_per_step": med / a.steps,
-           "run_with_hooks_s_median": sorted(hooked)[len(hooked) // 2],
-           "gpu": torch.cuda.get_device_name(0)}
+           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    if not a.reference_only:
+        out.update(_production(a, hf, cfg, first, weights))
+
     if a.reference_repeats > 0:
         ref_times = []
         dev = a.reference_device
@@ -83,7 +100,8 @@ def main(argv=None) -> dict:
         out.update(reference_s_median=sorted(ref_times)[len(ref_times) // 2],
                    reference_s_per_step=sorted(ref_times)[len(ref_times) // 2] / a.steps,
                    reference_device=dev, reference_threads=torch.get_num_threads(),
-                   ratio_reference_over_production=sorted(ref_times)[len(ref_times) // 2] / out["run_s_median"])
+                   ratio_reference_over_production=(sorted(ref_times)[len(ref_times) // 2] / out["run_s_median"]
+                                                    if "run_s_median" in out else None))
     print(json.dumps(out))
     return out
 
