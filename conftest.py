@@ -162,7 +162,11 @@ def pytest_collection_modifyitems(config, items):
     gpu_reason = None
     checked = False
     for item in items:
-        if item.get_closest_marker("gpu") or item.get_closest_marker("multigpu"):
+        if item.get_closest_marker("cuda_only"):  # the reference on CUDA: vLLM not needed
+            import torch
+            if not torch.cuda.is_available():
+                item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+        elif item.get_closest_marker("gpu") or item.get_closest_marker("multigpu"):
             if not checked:
                 gpu_reason, checked = cannot_run_production_reason(), True
             if gpu_reason:

@@ -9,7 +9,7 @@ import torch
 from harness.cases import get_case
 from reference import EXACT, draft
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cuda_only]  # torch + CUDA only: runs on a GPU host without vLLM
 
 
 def test_reference_cuda_equals_cpu():
