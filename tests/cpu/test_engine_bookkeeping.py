@@ -188,3 +188,39 @@ def test_target_tokens_and_plan_are_consistent():
     assert all(plan.draft_map[t] != t for t in plan.active if not plan.agrees(t))
     with pytest.raises(ValueError):
         A.plan_for(64, 64, 0)
+
+
+def test_a_planted_speculator_bug_is_undone_when_its_block_ends(monkeypatch):
+    """``speculator_mutants.restoring`` (what ``planted`` wraps, so one engine serves pristine and
+    planted runs): replaced methods and module functions come back, added attributes go,
+    deleted ones return, and it holds when the block raises. Shown on a stand-in module with
+    the shape of vLLM's speculator modules (a class whose methods are looked up per call)."""
+    import sys
+    import types
+
+    from harness.production.engine.speculator_mutants import restoring
+
+    mod = types.ModuleType("hyv4_standin_speculator")
+
+    class Speculator:
+        def on_prefill_end(self, n):
+            return ("compacted", n)
+
+    def prepare_prefill_inputs(x):
+        return x + 1
+
+    Speculator.__module__ = mod.__name__
+    mod.Speculator, mod.prepare_prefill_inputs, mod.CONST = Speculator, prepare_prefill_inputs, 3
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    live = Speculator()  # built before the bug is planted, like the engine's speculator
+    with pytest.raises(RuntimeError, match="inside"):
+        with restoring([mod.__name__]):
+            Speculator.on_prefill_end = lambda self, n: None
+            Speculator.extra = 1
+            mod.prepare_prefill_inputs = lambda x: x - 1
+            del mod.CONST
+            mod.added = "x"
+            assert live.on_prefill_end(4) is None and mod.prepare_prefill_inputs(1) == 0  # planted, live
+            raise RuntimeError("inside")
+    assert live.on_prefill_end(4) == ("compacted", 4) and mod.prepare_prefill_inputs(1) == 2
+    assert mod.CONST == 3 and not hasattr(mod, "added") and not hasattr(Speculator, "extra")

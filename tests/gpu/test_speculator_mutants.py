@@ -1,10 +1,14 @@
 """GPU tier: planted bugs in vLLM's MTP speculator fail the engine verdict, named first.
 
-Each mutant of ``harness.production.engine.speculator_mutants`` patches vLLM's V2 speculator
-in the engine's own process (``python -m harness.production.engine --case C --mutant M``)
-and must exit 1 with a first problem naming the quantity it breaks; the pristine runs
-are ``test_engine_mtp.py``. ``python -m harness.production.engine.speculator_mutants`` runs the
-same catalogue through ``bisect-check``.
+Per engine case, one process builds the engine once (``python -m harness.production.engine
+--case C --sweep``): a pristine generation, then per mutant of
+``harness.production.engine.speculator_mutants`` a planted generation (patched in this
+process, restored after) and a pristine one again. Each planted run must fail with a first
+problem naming the quantity it breaks; each pristine run must pass (so the restore is
+checked by the verdict itself). One mutant also runs the way ``bisect-check`` passes it on
+(``--mutant M``: planted before the engine is built, its own process, exit 1). The
+pristine cases are ``test_engine_mtp.py``; ``python -m harness mutants --speculator`` runs
+the catalogue through ``bisect-check``.
 """
 
 from __future__ import annotations
@@ -21,22 +25,52 @@ from harness.production.engine.speculator_mutants import MUTANTS
 pytestmark = pytest.mark.gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CASES = sorted({m.case for m in MUTANTS.values()})
 
 
-@pytest.mark.parametrize("name", list(MUTANTS))
-def test_speculator_mutant_fails_named_first(name, tmp_path):
-    m = MUTANTS[name]
-    cmd = [sys.executable, "-m", "harness.production.engine", "--case", m.case, "--mutant", name,
-           "--out", str(tmp_path)]
+def _engine(args: list[str], tmp_path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "harness.production.engine", *args, "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     print(proc.stdout[-6000:])
-    path = os.path.join(str(tmp_path), f"engine_mtp_{m.case}.json")
-    assert os.path.exists(path), f"no report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
-    with open(path) as f:
-        rep = json.load(f)
+    return proc
+
+
+def _evidence(line: dict) -> None:
     out = os.environ.get("HYV4_GPU_OUT")
     if out:
         with open(os.path.join(out, "gpu_speculator_mutants.jsonl"), "a") as f:
-            f.write(json.dumps({"mutant": name, "exit": proc.returncode, "problems": rep.get("problems", [])[:5]}) + "\n")
+            f.write(json.dumps(line) + "\n")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_mutant_of_a_case_fails_named_first_on_one_engine(case, tmp_path):
+    proc = _engine(["--case", case, "--sweep"], tmp_path)
+    path = tmp_path / f"engine_mtp_{case}.sweep.json"
+    assert path.exists(), f"no sweep report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
+    doc = json.loads(path.read_text())
+    for r in doc["runs"]:
+        _evidence({"case": case, "sweep": True, **{k: r.get(k) for k in ("label", "mutant", "passed", "ok")},
+                   "problems": r["problems"][:3]})
+    wanted = [n for n, m in MUTANTS.items() if m.case == case]
+    assert [r["mutant"] for r in doc["runs"] if r["mutant"]] == wanted
+    assert len([r for r in doc["runs"] if r["mutant"] is None]) == len(wanted) + 1
+    for r in doc["runs"]:
+        if r["mutant"] is None:
+            assert r["passed"], f"{r['label']}: a pristine run on the shared engine fails: {r['problems'][:3]}"
+        else:
+            assert not r["passed"], f"{r['mutant']} not caught: {r['counts']}"
+            assert MUTANTS[r["mutant"]].expect in r["problems"][0], (r["mutant"], r["problems"][:3])
+    assert proc.returncode == 0, proc.returncode
+
+
+def test_a_mutant_planted_before_the_build_exits_1(tmp_path):
+    """The path ``bisect-check`` takes (``HYV4_SPECULATOR_MUTANT``: patched before the engine exists)."""
+    name = "last-token-index-off-by-one"
+    m = MUTANTS[name]
+    proc = _engine(["--case", m.case, "--mutant", name], tmp_path)
+    path = tmp_path / f"engine_mtp_{m.case}.json"
+    assert path.exists(), f"no report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
+    rep = json.loads(path.read_text())
+    _evidence({"mutant": name, "sweep": False, "exit": proc.returncode, "problems": rep.get("problems", [])[:3]})
     assert proc.returncode == 1, (proc.returncode, rep.get("problems", [])[:3])
     assert m.expect in rep["problems"][0], rep["problems"][:3]

@@ -568,7 +568,21 @@ def engine_inputs(case: EngineCase):
 
 
 def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str | None = None) -> dict:
-    """Build, load, hook, generate, replay, judge; the report as a JSON-able dict."""
+    """Build, load, hook, generate, replay, judge; the report as a JSON-able dict. ``mutant``
+    is planted before the engine is built (as ``bisect-check`` passes it on)."""
+    t0 = time.perf_counter()
+    planted = None
+    if mutant:
+        from harness.production.engine.speculator_mutants import apply_mutant
+        planted = apply_mutant(mutant)
+        log("planted speculator bug:", json.dumps(planted))
+    sess = build_session(case, log=log)
+    return generate_and_judge(sess, out=out, log=log, mutant=planted, t0=t0)
+
+
+def build_session(case: EngineCase, *, log=print) -> dict:
+    """The engine of ``case``, built and loaded (the drafter with the harness's weights; an
+    acceptance case's target edited): what ``generate_and_judge`` runs on, once or many times."""
     import reference as R
     from harness.presets import check_kernel_constraints
     from harness.production.module.side_by_side import versions
@@ -577,28 +591,37 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     hf, ckpt, weights, plan = engine_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     check_kernel_constraints(cfg)
-    rep: dict = {"case": dataclasses.asdict(case), "versions": versions(), "timing_s": {}}
-    if mutant:
-        from harness.production.engine.speculator_mutants import apply_mutant
-        rep["mutant"] = apply_mutant(mutant)
-        log("planted speculator bug:", json.dumps(rep["mutant"]))
+    base: dict = {"case": dataclasses.asdict(case), "versions": versions()}
     llm = build_llm(hf, case)
-    rep["timing_s"]["build"] = time.perf_counter() - t0
+    build_s = time.perf_counter() - t0
     runner = model_runner(llm)
     prop, draft, target, kind = drafter_of(runner)
-    rep["runner"] = {"kind": kind, "runner": type(runner).__name__, "proposer": type(prop).__name__,
-                     "draft_model": type(prop.model).__name__, "target_model": type(target).__name__,
-                     "max_model_len": int(runner.vllm_config.model_config.max_model_len)}
-    rep["sharing"] = sharing_facts(draft, target)
-    log("engine:", json.dumps(rep["runner"]), "sharing:", json.dumps(rep["sharing"]))
-    rep["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)
-    log("load:", json.dumps(rep["load"]))
+    base["runner"] = {"kind": kind, "runner": type(runner).__name__, "proposer": type(prop).__name__,
+                      "draft_model": type(prop.model).__name__, "target_model": type(target).__name__,
+                      "max_model_len": int(runner.vllm_config.model_config.max_model_len)}
+    base["sharing"] = sharing_facts(draft, target)
+    log("engine:", json.dumps(base["runner"]), "sharing:", json.dumps(base["sharing"]))
+    base["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)
+    log("load:", json.dumps(base["load"]))
     if plan is not None:
         from harness.production.engine.acceptance import edit_target
-        rep["target_edits"] = edit_target(target, weights["embed_tokens"], weights["lm_head"])
-        log("target edited:", len(rep["target_edits"]["zeroed"]), "output projections zeroed")
-    tap = DrafterTap(prop, draft)
-    ttap = TargetTap(target)
+        base["target_edits"] = edit_target(target, weights["embed_tokens"], weights["lm_head"])
+        log("target edited:", len(base["target_edits"]["zeroed"]), "output projections zeroed")
+    return {"case": case, "cfg": cfg, "weights": weights, "plan": plan, "llm": llm, "proposer": prop,
+            "draft": draft, "target": target, "base": base, "build_s": build_s}
+
+
+def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant: dict | None = None,
+                       t0: float | None = None, stem: str | None = None) -> dict:
+    """One greedy generation on ``sess``'s engine with fresh taps, recorded (under ``out``, as
+    ``stem``: default ``engine_calls_<case>``), replayed by the reference and judged: the report."""
+    t0 = time.perf_counter() if t0 is None else t0
+    case, cfg, weights, plan = sess["case"], sess["cfg"], sess["weights"], sess["plan"]
+    rep: dict = {**sess["base"], "timing_s": {"build": sess["build_s"]}}
+    if mutant is not None:
+        rep["mutant"] = mutant
+    tap = DrafterTap(sess["proposer"], sess["draft"])
+    ttap = TargetTap(sess["target"])
     rep["attach_notes"] = tap.attach_notes
     from vllm import SamplingParams
 
@@ -607,7 +630,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     t1 = time.perf_counter()
     tap.armed = ttap.armed = True
     try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = sess["llm"].generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     finally:
         tap.armed = ttap.armed = False
         tap.remove()
@@ -622,7 +645,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
         rep["target_follows_f"] = [g == target_tokens(plan, p[-1], len(g)) for p, g in zip(prompts, rep["generated"])]
     if out:  # before judging: a crash in the replay still leaves the recording for --rejudge
         try:
-            stem = os.path.join(out, f"engine_calls_{case.id}")
+            stem = os.path.join(out, stem or f"engine_calls_{case.id}")
             os.makedirs(out, exist_ok=True)
             meta = {"case": dataclasses.asdict(case), "versions": rep["versions"], "runner": rep["runner"],
                     "sharing": rep["sharing"], "load": rep["load"], "tap_errors": errors,
@@ -641,6 +664,47 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     rep["problems"] = verdict_problems(rep)
     rep["passed"] = rep["problems"] == []
     return rep
+
+
+def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: str | None = None) -> dict:
+    """One engine of ``case`` for a pristine run, then per mutant a planted run and a pristine
+    run again (the restore checked by the engine's own verdict): ~4 s per run on an H200
+    instead of ~40 s per engine process. A mutant is caught when its run fails with the
+    mutant's quantity named first. Recordings are not kept (a failing run keeps its problems)."""
+    from harness.production.engine.speculator_mutants import MUTANTS, planted
+
+    t0 = time.perf_counter()
+    sess = build_session(case, log=log)
+    runs = []
+
+    def one(label: str, mutant: str | None) -> dict:
+        if mutant is None:
+            rep = generate_and_judge(sess, log=lambda *a, **k: None)
+        else:
+            with planted(mutant) as desc:
+                rep = generate_and_judge(sess, log=lambda *a, **k: None, mutant=desc)
+        first = (rep["problems"] or [""])[0]
+        row = {"label": label, "mutant": mutant, "passed": rep["passed"], "problems": rep["problems"][:5],
+               "counts": rep.get("counts"), "timing_s": rep["timing_s"]}
+        if mutant is None:
+            row["ok"] = rep["passed"]
+        else:
+            row["caught"], row["named_first"] = not rep["passed"], MUTANTS[mutant].expect in first
+            row["ok"] = row["caught"] and row["named_first"]
+        log(f"{'ok  ' if row['ok'] else 'BAD '} {label}: {'pass' if rep['passed'] else 'FAIL'} {first[:200]}")
+        runs.append(row)
+        return rep
+
+    one("control-0", None)
+    for i, m in enumerate(mutants, 1):
+        one(m, m)
+        one(f"control-{i}", None)
+    doc = {"case": case.id, "mutants": list(mutants), "runs": runs, "build_s": sess["build_s"],
+           "wall_s": time.perf_counter() - t0, "ok": all(r["ok"] for r in runs)}
+    if out:
+        os.makedirs(out, exist_ok=True)
+        atomic_write_json(os.path.join(out, f"engine_mtp_{case.id}.sweep.json"), doc, default=str)
+    return doc
 
 
 def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], tap_errors: list[str],
@@ -787,9 +851,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rejudge", metavar="DIR", default=None,
                     help="re-judge the recordings engine_calls_<case>.* saved in DIR (CPU, no vLLM); "
                          "reports to --out as engine_mtp_<case>.rejudge.json")
-    ap.add_argument("--mutant", default=os.environ.get("HYV4_SPECULATOR_MUTANT") or None,
+    ap.add_argument("--mutant", action="append", default=None,
                     help="plant one of harness.production.engine.speculator_mutants.MUTANTS in vLLM's speculator "
-                         "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT")
+                         "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT. "
+                         "With --sweep: repeatable, the mutants to sweep (default: every mutant of the case)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="with one --case: build its engine once and run a pristine generation, then per "
+                         "speculator mutant a planted one and a pristine one again; engine_mtp_<case>.sweep.json; "
+                         "exit 0 when every mutant fails named first and every pristine run passes, else 1")
     ap.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     args = ap.parse_args(argv)
     return run_guarded(_main, args, debug=args.debug)
@@ -814,14 +883,28 @@ def _case_failed(title: str, exc: Exception, debug: bool) -> tuple[dict, int]:
 
 
 def _main(args) -> int:
-    _check_out_dir(args.out)
-    if args.mutant:
-        from harness.exitcodes import CLIError
+    from harness.exitcodes import CLIError
 
-        from harness.production.engine.speculator_mutants import MUTANTS
-        if args.mutant not in MUTANTS:
-            raise CLIError(f"--mutant {args.mutant}: unknown speculator mutant; known: {', '.join(MUTANTS)}")
+    from harness.production.engine.speculator_mutants import MUTANTS
+
+    _check_out_dir(args.out)
+    env_mutant = os.environ.get("HYV4_SPECULATOR_MUTANT") or None
+    mutants = args.mutant or ([env_mutant] if env_mutant and not args.sweep else [])
+    for m in mutants:
+        if m not in MUTANTS:
+            raise CLIError(f"--mutant {m}: unknown speculator mutant; known: {', '.join(MUTANTS)}")
+    if args.sweep:
+        if not args.case or len(args.case) != 1:
+            raise CLIError("--sweep needs exactly one --case (its engine is built once)")
+        mutants = mutants or [n for n, m in MUTANTS.items() if m.case == args.case[0]]
+        if not mutants:
+            raise CLIError(f"--sweep --case {args.case[0]}: no speculator mutant targets this case")
+    elif len(mutants) > 1:
+        raise CLIError("--mutant given more than once: one engine per planted bug, or --sweep")
+    args.mutant = None if args.sweep else (mutants[0] if mutants else None)
     if args.rejudge:
+        if args.sweep:
+            raise CLIError("--rejudge and --sweep: choose one")
         return rejudge_dir(args.rejudge, args.case, args.out, debug=args.debug)
     from harness.runtime import cannot_run_production_reason
 
@@ -831,6 +914,16 @@ def _main(args) -> int:
         return EXIT_CANNOT_JUDGE
     out = args.out or os.environ.get("HYV4_REPORT_DIR")
     _check_out_dir(out)
+    if args.sweep:
+        try:
+            doc = run_mutant_sweep(ENGINE_CASES[args.case[0]], mutants, out=out)
+        except Exception as exc:  # noqa: BLE001 - a crash in vLLM: cannot judge (a load failure: 1)
+            return _case_failed(args.case[0], exc, args.debug)[1]
+        bad = [r["label"] for r in doc["runs"] if not r["ok"]]
+        print(f"== {args.case[0]} sweep: {len(mutants)} mutant(s) on one engine, "
+              f"{'all caught, named first, pristine runs pass' if not bad else 'NOT OK: ' + ', '.join(bad)} "
+              f"({doc['wall_s']:.0f} s)", flush=True)
+        return EXIT_OK if not bad else EXIT_MISMATCH
     ids = args.case or list(ENGINE_CASES)
     if len(ids) > 1:  # one engine per process: vLLM's distributed state and GPU memory are per process
         return worst_exit_code([subprocess.call([sys.executable, "-m", "harness.production.engine", "--case", cid]

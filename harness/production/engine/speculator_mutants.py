@@ -10,6 +10,7 @@ to its engine runs) and by ``python -m harness mutants --speculator``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 
@@ -42,11 +43,53 @@ _MTP = "vllm.v1.worker.gpu.spec_decode.mtp.speculator"
 _MULTI = "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator"
 
 
+PATCHED_MODULES = (_TDAR, _MTP, _MULTI)  # every patch below replaces attributes of these or their classes
+
+
 def apply_mutant(name: str) -> dict:
     """Patch vLLM for mutant ``name``; returns its description (for the report)."""
     m = MUTANTS[name]
     getattr(_Patches, name.replace("-", "_"))()
     return dataclasses.asdict(m)
+
+
+@contextlib.contextmanager
+def planted(name: str, modules=PATCHED_MODULES):
+    """Mutant ``name`` planted for the ``with`` block, then every attribute of ``modules`` and
+    of the classes they define put back as it was (a live engine looks its speculator's
+    methods and module functions up at call time, so one engine serves a pristine run,
+    a planted one and a pristine one again). Yields the mutant's description."""
+    with restoring(modules):
+        yield apply_mutant(name)
+
+
+@contextlib.contextmanager
+def restoring(modules):
+    """Every attribute of the named modules and of the classes they define, as it was before
+    the ``with`` block: replaced ones put back, added ones removed, deleted ones restored."""
+    saved = _snapshot([importlib.import_module(m) for m in modules])
+    try:
+        yield
+    finally:
+        _restore(saved)
+
+
+def _snapshot(mods) -> list[tuple[object, dict]]:
+    objs = []
+    for mod in mods:
+        objs.append(mod)
+        objs += [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__]
+    return [(obj, dict(vars(obj))) for obj in objs]
+
+
+def _restore(saved: list[tuple[object, dict]]) -> None:
+    for obj, before in saved:
+        now = vars(obj)
+        for key in [k for k in now if k not in before]:
+            delattr(obj, key)
+        for key, value in before.items():
+            if now.get(key) is not value:
+                setattr(obj, key, value)
 
 
 class _Patches:
