@@ -224,3 +224,21 @@ def test_a_planted_speculator_bug_is_undone_when_its_block_ends(monkeypatch):
             raise RuntimeError("inside")
     assert live.on_prefill_end(4) == ("compacted", 4) and mod.prepare_prefill_inputs(1) == 2
     assert mod.CONST == 3 and not hasattr(mod, "added") and not hasattr(Speculator, "extra")
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--sweep"], "--sweep needs exactly one --case"),
+    (["--sweep", "--case", "engine-tiny-k2"], "no speculator mutant targets this case"),
+    (["--case", "engine-accept-k3-share", "--mutant", "compaction-dropped", "--mutant", "skip-topk-never"],
+     "--mutant given more than once"),
+    (["--sweep", "--case", "engine-accept-k3-share", "--mutant", "nope"], "--mutant nope: unknown"),
+    (["--sweep", "--case", "engine-accept-k3-share", "--rejudge", "."], "--rejudge and --sweep"),
+])
+def test_sweep_flags_are_checked_first(argv, culprit, capsys):
+    """``engine --sweep`` (one engine, every mutant of the case): bad flags exit 2 in one line,
+    before any GPU question."""
+    from harness.production.engine.run import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and culprit in err[0], err
