@@ -28,6 +28,7 @@ from reference.weights import random_weights
 # vLLM's modules, imported when this module's first test runs (not at collection: importing the MTP
 # model pulls in most of vLLM, ~15 s of CPU, which every xdist worker would pay while collecting)
 mtp = quant_utils = deepseek_v2 = None
+VLLM_IN_PROCESS = True  # tests/cpu/conftest.py runs this module in the worker that imports vLLM
 
 
 @pytest.fixture(scope="module", autouse=True)
