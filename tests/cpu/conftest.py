@@ -91,7 +91,12 @@ def _vllm_probe_started(request, tmp_path_factory):
         return
     (d / "plan.json").write_text(json.dumps(plan))
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")  # loads and compares weights only; no thread pool against the workers
+               OMP_NUM_THREADS="1",  # loads and compares weights only; no thread pool against the workers
+               # importing vLLM's FP8 linear kernels imports humming, which starts two background
+               # Python processes to JIT-build its CUDA launcher and nvrtc helper (~20 s of CPU on the
+               # CI cores, and the probe's exit waits for them); the probe runs no kernel, so it never
+               # needs them (humming then builds on first use). Same JSON answers either way.
+               HUMMING_DISABLE_PARALLEL_BUILD="1")
     proc = subprocess.Popen(
         ["bash", "-c", '"$@" >"$OUT/stdout" 2>"$OUT/stderr"; echo $? >"$OUT/rc.part"; mv "$OUT/rc.part" "$OUT/rc"',
          "probe", sys.executable, str(PROBE), "plan", str(d / "plan.json")],
