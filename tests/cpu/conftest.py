@@ -47,6 +47,34 @@ def _probe_dir(tmp_path_factory) -> pathlib.Path:
     return d
 
 
+# ---- xdist order: vLLM in one worker, one-process memos next, the probe's readers last --------------
+# Importing vLLM and its model-executor modules (HYV4MTP, rotary_embedding, the fused-MoE router) costs
+# ~20 s of CPU per process, paid by every worker that runs one test needing them in process. A module
+# says which of its tests import vLLM in process: ``VLLM_IN_PROCESS = True`` (all) or a set of test
+# function names. Under xdist those tests go to the front of the collection (worksteal hands each worker
+# a contiguous slice and steals from the tail, so they run on the first worker, one import); next the
+# modules whose module-scoped memo pays only within one process (``ONE_WORKER = True``:
+# test_production_fp8_prep's reference replays), so they are not split between the workers; the tests
+# that wait for the background probe (``vllm_probe``) go to the back (by then it has finished).
+# Only the order changes: every test still runs, with the same fixtures.
+
+def _xdist_order(item) -> int:
+    if "vllm_probe" in getattr(item, "fixturenames", ()):
+        return 3
+    mod = getattr(item, "module", None)
+    flag = getattr(mod, "VLLM_IN_PROCESS", None)
+    name = getattr(item, "originalname", None) or item.name
+    if flag is True or (flag and name in flag):
+        return 0
+    return 1 if getattr(mod, "ONE_WORKER", False) else 2
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # serial: the order as written
+        return
+    items[:] = sorted(items, key=_xdist_order)  # stable: the written order within each group
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _vllm_probe_started(request, tmp_path_factory):
     """Start the run's vLLM probe (if any collected test needs it and vLLM is installed); the
@@ -63,7 +91,12 @@ def _vllm_probe_started(request, tmp_path_factory):
         return
     (d / "plan.json").write_text(json.dumps(plan))
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")  # loads and compares weights only; no thread pool against the workers
+               OMP_NUM_THREADS="1",  # loads and compares weights only; no thread pool against the workers
+               # importing vLLM's FP8 linear kernels imports humming, which starts two background
+               # Python processes to JIT-build its CUDA launcher and nvrtc helper (~20 s of CPU on the
+               # CI cores, and the probe's exit waits for them); the probe runs no kernel, so it never
+               # needs them (humming then builds on first use). Same JSON answers either way.
+               HUMMING_DISABLE_PARALLEL_BUILD="1")
     proc = subprocess.Popen(
         ["bash", "-c", '"$@" >"$OUT/stdout" 2>"$OUT/stderr"; echo $? >"$OUT/rc.part"; mv "$OUT/rc.part" "$OUT/rc"',
          "probe", sys.executable, str(PROBE), "plan", str(d / "plan.json")],
@@ -94,7 +127,8 @@ class ProbeResults:
 def vllm_probe(_vllm_probe_started, tmp_path_factory) -> ProbeResults:
     """This run's vLLM probe results (waits for the background process); skips where the
     CUDA platform cannot be faked (the probe's exit 77), fails on any other non-zero exit."""
-    pytest.importorskip("vllm")
+    if importlib.util.find_spec("vllm") is None:  # not importorskip: the waiting worker need not import vLLM
+        pytest.skip("vLLM is not installed")
     d = _probe_dir(tmp_path_factory)
     if not (d / "claim").exists():
         pytest.fail("the vLLM probe was not started (no collected test declared VLLM_PROBE?)")

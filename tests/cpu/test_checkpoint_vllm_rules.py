@@ -28,6 +28,7 @@ from reference.weights import random_weights
 # vLLM's modules, imported when this module's first test runs (not at collection: importing the MTP
 # model pulls in most of vLLM, ~15 s of CPU, which every xdist worker would pay while collecting)
 mtp = quant_utils = deepseek_v2 = None
+VLLM_IN_PROCESS = True  # tests/cpu/conftest.py runs this module in the worker that imports vLLM
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,6 +39,18 @@ def _vllm_modules():
     deepseek_v2 = pytest.importorskip("vllm.model_executor.models.deepseek_v2")
 
 VOCAB = 128
+
+_WEIGHTS: dict = {}
+
+
+def _random_weights(cfg: MTPConfig, seed: int) -> dict:
+    """``random_weights(cfg, seed)``, computed once per (config, seed) in this module (38 calls, 5
+    distinct inputs; it is a pure function of them) and handed out as fresh clones, so no test sees
+    what another did to its tensors."""
+    key = (repr(cfg), seed)
+    if key not in _WEIGHTS:
+        _WEIGHTS[key] = random_weights(cfg, seed)
+    return {k: v.clone() for k, v in _WEIGHTS[key].items()}
 
 
 def _vllm_quant_config(hf: dict, cfg: MTPConfig):
@@ -73,7 +86,7 @@ def _vllm_quantized(hf: dict, cfg: MTPConfig) -> dict[int, frozenset[str]] | Non
 def test_synthetic_configs_quantize_what_vllm_quantizes(naming, quant, switches):
     hf0 = synth_config("tiny", vocab_size=VOCAB, **switches)
     cfg = MTPConfig.from_hf_dict(hf0)
-    w = random_weights(cfg, 0)
+    w = _random_weights(cfg, 0)
     hf, tensors = checkpoint_tensors(hf0, w, naming=naming, quant=quant)
     plan = mtp_fp8_plan(hf, cfg)
     want = _vllm_quantized(hf, cfg)
@@ -140,7 +153,7 @@ def test_any_exclusion_list_agrees_with_vllm(picks, key, algo):
 def test_scale_names_and_dtypes_reach_vllm_parameters_intact(experts, suffix, quant, scale_dtype):
     hf0 = synth_config("tiny", vocab_size=VOCAB)
     cfg = MTPConfig.from_hf_dict(hf0)
-    hf, tensors = checkpoint_tensors(hf0, random_weights(cfg, 0), experts=experts, quant=quant,
+    hf, tensors = checkpoint_tensors(hf0, _random_weights(cfg, 0), experts=experts, quant=quant,
                                      expert_scale_suffix=suffix, scale_dtype=scale_dtype)
     qc = _vllm_quant_config(hf, cfg)
     n = cfg.num_hidden_layers
@@ -175,7 +188,7 @@ def test_scale_names_and_dtypes_reach_vllm_parameters_intact(experts, suffix, qu
 def test_fp8_wk_matches_vllms_dequantization(tmp_path, quant, scale_dtype):
     hf0 = synth_config("tiny", vocab_size=VOCAB)
     cfg = MTPConfig.from_hf_dict(hf0)
-    d = write_synthetic(tmp_path / "c", hf0, random_weights(cfg, 5), quant=quant, scale_dtype=scale_dtype)
+    d = write_synthetic(tmp_path / "c", hf0, _random_weights(cfg, 5), quant=quant, scale_dtype=scale_dtype)
     loaded = load_checkpoint(d)
     from safetensors.torch import load_file
     raw = load_file(str(d / "model-00001-of-00001.safetensors"))

@@ -68,6 +68,10 @@ def test_meaningful_values_pass(change):
     validate_hf_config(preset("tiny", **change))
 
 
+# tests/cpu/conftest.py runs these in the xdist worker that imports vLLM anyway
+VLLM_IN_PROCESS = {"test_presets_pass_vllm_and_the_harness", "test_what_vllm_refuses_the_harness_refuses"}
+
+
 @pytest.fixture(scope="module")
 def hyv4config():
     mod = pytest.importorskip("vllm.transformers_utils.configs.hy_v4")

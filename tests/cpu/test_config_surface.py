@@ -19,12 +19,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("vllm", reason="vLLM is not installed")
+from harness.mutants import vllm_hf_config
+from harness.presets import preset
+from reference import ConfigError, MTPConfig, moe, rope
+from reference.config import ROPE_TYPES, mtp_layer_kinds
 
-from harness.mutants import vllm_hf_config  # noqa: E402
-from harness.presets import preset  # noqa: E402
-from reference import ConfigError, MTPConfig, moe, rope  # noqa: E402
-from reference.config import ROPE_TYPES, mtp_layer_kinds  # noqa: E402
+# vLLM is imported by the first test that reads it in process, not at collection (every xdist worker
+# collects the whole suite; `import vllm` costs ~5 s of CPU). Where it is missing, that test skips
+# (_vllm) and the probe's readers skip (conftest.py's vllm_probe), as the module-level importorskip did.
+# VLLM_IN_PROCESS: tests/cpu/conftest.py runs this test in the worker that imports vLLM anyway.
+VLLM_IN_PROCESS = {"test_layer_kinds_read_as_vllm"}
+
+
+@pytest.fixture(scope="module")
+def _vllm():
+    pytest.importorskip("vllm", reason="vLLM is not installed")
 
 def _hf(**over) -> dict:
     hf = preset("tiny")
@@ -61,6 +70,7 @@ _MLP = ["dense", "sparse", "moe", "x"]
 @given(layer_types=st.none() | st.lists(st.sampled_from(_ATTN), min_size=2, max_size=3),
        mlp_layer_types=st.none() | st.lists(st.sampled_from(_MLP), min_size=1, max_size=4),
        nextn=st.integers(1, 3), sink=st.booleans())
+@pytest.mark.usefixtures("_vllm")
 def test_layer_kinds_read_as_vllm(layer_types, mlp_layer_types, nextn, sink):
     hf = _hf(layer_types=layer_types, mlp_layer_types=mlp_layer_types, num_nextn_predict_layers=nextn,
              learnable_sink=sink)

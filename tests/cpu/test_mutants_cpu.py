@@ -42,7 +42,15 @@ def test_cannot_run_is_125(monkeypatch, capsys):
     assert cli_main(["mutants", "--only", "sink-twice"]) == 125
 
 
-vllm = pytest.importorskip("vllm", reason="vLLM is not installed")
+# vLLM is imported when this module's first test runs, not at collection (every xdist worker collects
+# the whole suite; `import vllm` costs ~5 s of CPU); where it is missing every test here skips, as the
+# module-level importorskip did. VLLM_IN_PROCESS: tests/cpu/conftest.py runs these tests in one worker.
+VLLM_IN_PROCESS = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm():
+    pytest.importorskip("vllm", reason="vLLM is not installed")
 
 CPU_MUTANTS = [m for m in M.CATALOGUE if m.cpu_apply is not None]
 

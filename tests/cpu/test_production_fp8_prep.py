@@ -72,6 +72,9 @@ def _digest(*parts) -> str:
     return h.hexdigest()
 
 
+ONE_WORKER = True  # the memo pays within one process: tests/cpu/conftest.py keeps this module in one xdist worker
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _reference_runs_once():
     import sys

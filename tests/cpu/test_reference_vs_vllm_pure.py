@@ -13,9 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("vllm", reason="vLLM is not installed")
+from harness.mutants import ROPE_PARAMS, rope_cross_check, routing_cross_check
 
-from harness.mutants import ROPE_PARAMS, rope_cross_check, routing_cross_check  # noqa: E402
+# vLLM is imported when this module's first test runs, not at collection (every xdist worker collects
+# the whole suite; `import vllm` costs ~5 s of CPU); where it is missing every test here skips, as the
+# module-level importorskip did. VLLM_IN_PROCESS: tests/cpu/conftest.py runs these tests in one worker.
+VLLM_IN_PROCESS = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm():
+    pytest.importorskip("vllm", reason="vLLM is not installed")
 
 
 @pytest.mark.parametrize("kind", sorted(ROPE_PARAMS))

@@ -73,6 +73,10 @@ def test_pack_holds_the_layout_and_restores(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "jit.tar.gz", "restored"]  # no temp left
 
 
+# tests/cpu/conftest.py runs it in the xdist worker that imports vLLM anyway
+VLLM_IN_PROCESS = {"test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request"}
+
+
 @pytest.mark.parametrize("gib", [None, "4", "0.5"])
 def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, monkeypatch, tmp_path):
     """``engine_kwargs`` names only fields of vLLM 0.33's ``EngineArgs`` (a renamed or removed
