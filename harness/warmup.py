@@ -257,17 +257,17 @@ def run(args, log=print) -> dict:
         rep["lanes"] = [lane["cases"] + ([lane["engine"]] if lane["engine"] else []) for lane in lanes]
         rep["lead"] = lead
         rep["steps"] = run_lanes(lead, lanes, log)
-        todo = {}
-    for cid in (c for c in cases if c in todo):
-        case = GPU_CASES[cid]
+    else:  # in this process, in order
+        for cid in (c for c in cases if c in todo):
+            case = GPU_CASES[cid]
 
-        def module_level(case=case):
-            run_production_side(case)  # the side by side's production half; no reference, no verdict
-            torch.cuda.empty_cache()
+            def module_level(case=case):
+                run_production_side(case)  # the side by side's production half; no reference, no verdict
+                torch.cuda.empty_cache()
 
-        step(cid, module_level)
-    if engine and engine in todo:
-        step(args.engine, lambda: run_engine_case(ENGINE_CASES[args.engine], log=lambda *a, **k: None))
+            step(cid, module_level)
+        if engine:
+            step(engine, lambda: run_engine_case(ENGINE_CASES[engine], log=lambda *a, **k: None))
     rep["seconds"] = round(time.perf_counter() - t_all, 2)
     if root:
         rep["size_after"] = cache_size(root)

@@ -6,25 +6,26 @@ cases the mutants run on."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Callable
 
 import torch
+
+from harness.undo import UndoStack
 
 
 class MutantNotApplicable(Exception):
     """The attribute/parameter a mutant needs does not exist in this build."""
 
 
-class Ctx:
-    """A loaded ``ProductionSession`` plus an undo stack for attribute sets and hooks."""
+class Ctx(UndoStack):
+    """A loaded ``ProductionSession`` plus an undo stack (``harness.undo``) for attribute sets and hooks."""
 
     def __init__(self, session) -> None:
+        super().__init__()
         self.session = session
         self.model = session.model
         self.hf = session.hf_config
-        self._undo: list[Callable[[], None]] = []
         self.notes: list[str] = []
 
     # model parts (MTP layer 0 serves every proposer step)
@@ -41,37 +42,12 @@ class Ctx:
         return self.layer.mtp_block.mlp
 
     def setattr(self, obj, attr: str, value, *, must_exist: bool = True) -> None:
-        had = attr in getattr(obj, "__dict__", {}) or (
-            isinstance(obj, torch.nn.Module)
-            and any(attr in d for d in (obj._modules, obj._parameters, obj._buffers)))
         if must_exist and not hasattr(obj, attr):
             raise MutantNotApplicable(f"{type(obj).__name__} has no attribute {attr!r}")
-        old = getattr(obj, attr, None)
-        _force_setattr(obj, attr, value)
-
-        def undo():
-            if had:
-                _force_setattr(obj, attr, old)
-            else:
-                with contextlib.suppress(AttributeError):
-                    delattr(obj, attr)
-        self._undo.append(undo)
+        super().setattr(obj, attr, value)
 
     def hook(self, handle) -> None:
-        self._undo.append(handle.remove)
-
-    def restore(self) -> None:
-        while self._undo:
-            fn = self._undo.pop()
-            with contextlib.suppress(Exception):
-                fn()
-
-
-def _force_setattr(obj, attr, value) -> None:
-    try:
-        setattr(obj, attr, value)
-    except (AttributeError, dataclasses.FrozenInstanceError, TypeError):
-        object.__setattr__(obj, attr, value)
+        self.push(handle.remove)
 
 
 def need(obj, attr: str, what: str = ""):

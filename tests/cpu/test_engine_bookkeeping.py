@@ -190,40 +190,43 @@ def test_target_tokens_and_plan_are_consistent():
         A.plan_for(64, 64, 0)
 
 
-def test_a_planted_speculator_bug_is_undone_when_its_block_ends(monkeypatch):
-    """``speculator_mutants.restoring`` (what ``planted`` wraps, so one engine serves pristine and
-    planted runs): replaced methods and module functions come back, added attributes go,
-    deleted ones return, and it holds when the block raises. Shown on a stand-in module with
-    the shape of vLLM's speculator modules (a class whose methods are looked up per call)."""
-    import sys
+def test_a_planted_speculator_bug_is_undone():
+    """``harness.undo.UndoStack``, what ``speculator_mutants.planted`` restores with (so one engine
+    serves pristine and planted runs): on the shapes of vLLM's speculator classes -- a method
+    the class defines, one a subclass inherits, a staticmethod, a module function -- a live
+    instance sees the planted bug, and after ``restore`` the originals again (the inherited
+    method inherited, the staticmethod still a staticmethod)."""
     import types
 
-    from harness.production.engine.speculator_mutants import restoring
+    from harness.undo import UndoStack
 
     mod = types.ModuleType("hyv4_standin_speculator")
 
-    class Speculator:
+    class Base:
+        def propose(self, x):
+            return ("proposed", x)
+
+        @staticmethod
+        def helper():
+            return "static"
+
+    class Speculator(Base):
         def on_prefill_end(self, n):
             return ("compacted", n)
 
-    def prepare_prefill_inputs(x):
-        return x + 1
-
-    Speculator.__module__ = mod.__name__
-    mod.Speculator, mod.prepare_prefill_inputs, mod.CONST = Speculator, prepare_prefill_inputs, 3
-    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    mod.prepare_prefill_inputs = lambda x: x + 1
     live = Speculator()  # built before the bug is planted, like the engine's speculator
-    with pytest.raises(RuntimeError, match="inside"):
-        with restoring([mod.__name__]):
-            Speculator.on_prefill_end = lambda self, n: None
-            Speculator.extra = 1
-            mod.prepare_prefill_inputs = lambda x: x - 1
-            del mod.CONST
-            mod.added = "x"
-            assert live.on_prefill_end(4) is None and mod.prepare_prefill_inputs(1) == 0  # planted, live
-            raise RuntimeError("inside")
-    assert live.on_prefill_end(4) == ("compacted", 4) and mod.prepare_prefill_inputs(1) == 2
-    assert mod.CONST == 3 and not hasattr(mod, "added") and not hasattr(Speculator, "extra")
+    undo = UndoStack()
+    undo.setattr(Speculator, "on_prefill_end", lambda self, n: None)
+    undo.setattr(Speculator, "propose", lambda self, x: "shifted")  # Base's, inherited
+    undo.setattr(Base, "helper", staticmethod(lambda: "planted"))
+    undo.setattr(mod, "prepare_prefill_inputs", lambda x: x - 1)
+    assert (live.on_prefill_end(4), live.propose(1), live.helper(), mod.prepare_prefill_inputs(1)) == (
+        None, "shifted", "planted", 0)
+    undo.restore()
+    assert (live.on_prefill_end(4), live.propose(1), live.helper(), mod.prepare_prefill_inputs(1)) == (
+        ("compacted", 4), ("proposed", 1), "static", 2)
+    assert "propose" not in vars(Speculator) and isinstance(vars(Base)["helper"], staticmethod)
 
 
 @pytest.mark.parametrize("argv, culprit", [

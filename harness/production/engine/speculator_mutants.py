@@ -14,6 +14,8 @@ import contextlib
 import dataclasses
 import importlib
 
+from harness.undo import UndoStack
+
 
 @dataclasses.dataclass(frozen=True)
 class SpeculatorMutant:
@@ -43,68 +45,41 @@ _MTP = "vllm.v1.worker.gpu.spec_decode.mtp.speculator"
 _MULTI = "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator"
 
 
-PATCHED_MODULES = (_TDAR, _MTP, _MULTI)  # every patch below replaces attributes of these or their classes
-
-
-def apply_mutant(name: str) -> dict:
-    """Patch vLLM for mutant ``name``; returns its description (for the report)."""
+def apply_mutant(name: str, undo: UndoStack | None = None) -> dict:
+    """Patch vLLM for mutant ``name`` (recorded on ``undo`` when given: ``planted``; else for
+    the rest of the process, as ``bisect-check`` plants it before the engine is built);
+    returns its description (for the report)."""
     m = MUTANTS[name]
-    getattr(_Patches, name.replace("-", "_"))()
+    getattr(_Patches, name.replace("-", "_"))(undo or UndoStack())
     return dataclasses.asdict(m)
 
 
 @contextlib.contextmanager
-def planted(name: str, modules=PATCHED_MODULES):
-    """Mutant ``name`` planted for the ``with`` block, then every attribute of ``modules`` and
-    of the classes they define put back as it was (a live engine looks its speculator's
-    methods and module functions up at call time, so one engine serves a pristine run,
-    a planted one and a pristine one again). Yields the mutant's description."""
-    with restoring(modules):
-        yield apply_mutant(name)
-
-
-@contextlib.contextmanager
-def restoring(modules):
-    """Every attribute of the named modules and of the classes they define, as it was before
-    the ``with`` block: replaced ones put back, added ones removed, deleted ones restored."""
-    saved = _snapshot([importlib.import_module(m) for m in modules])
+def planted(name: str):
+    """Mutant ``name`` planted for the ``with`` block, then undone (``harness.undo``). A live
+    engine looks its speculator's methods and module functions up at call time, so one
+    engine serves a pristine run, a planted one and a pristine one again. Yields the
+    mutant's description."""
+    undo = UndoStack()
     try:
-        yield
+        yield apply_mutant(name, undo)
     finally:
-        _restore(saved)
-
-
-def _snapshot(mods) -> list[tuple[object, dict]]:
-    objs = []
-    for mod in mods:
-        objs.append(mod)
-        objs += [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__]
-    return [(obj, dict(vars(obj))) for obj in objs]
-
-
-def _restore(saved: list[tuple[object, dict]]) -> None:
-    for obj, before in saved:
-        now = vars(obj)
-        for key in [k for k in now if k not in before]:
-            delattr(obj, key)
-        for key, value in before.items():
-            if now.get(key) is not value:
-                setattr(obj, key, value)
+        undo.restore()
 
 
 class _Patches:
     @staticmethod
-    def compaction_dropped():
+    def compaction_dropped(undo):
         cls = importlib.import_module(_MTP).MTPSpeculator
-        cls.on_prefill_end = lambda self, num_reqs: None
+        undo.setattr(cls, "on_prefill_end", lambda self, num_reqs: None)
 
     @staticmethod
-    def skip_topk_never():
+    def skip_topk_never(undo):
         cls = importlib.import_module(_MTP).MTPSpeculator
-        cls.on_multi_step_decode_begin = lambda self, num_reqs: None
+        undo.setattr(cls, "on_multi_step_decode_begin", lambda self, num_reqs: None)
 
     @staticmethod
-    def last_token_index_off_by_one():
+    def last_token_index_off_by_one(undo):
         mod = importlib.import_module(_TDAR)
         orig = mod.prepare_prefill_inputs
 
@@ -116,10 +91,10 @@ class _Patches:
                 last_token_indices.dtype)
             return out
 
-        mod.prepare_prefill_inputs = prepare_prefill_inputs
+        undo.setattr(mod, "prepare_prefill_inputs", prepare_prefill_inputs)
 
     @staticmethod
-    def accepted_hidden_wrong_row():
+    def accepted_hidden_wrong_row(undo):
         import torch
 
         cls = importlib.import_module(_TDAR).TargetDependentARSpeculator
@@ -132,10 +107,10 @@ class _Patches:
                 args = (*args[:3], torch.roll(args[3], 1, dims=0), *args[4:])
             return orig(self, *args, **kwargs)
 
-        cls.propose = propose
+        undo.setattr(cls, "propose", propose)
 
     @staticmethod
-    def spec_step_idx_ignored():
+    def spec_step_idx_ignored(undo):
         cls = importlib.import_module(_MULTI).MultiModuleMTPSpeculator
         orig = cls._run_model
 
@@ -143,7 +118,7 @@ class _Patches:
                        *a, **k):
             return orig(self, num_tokens, attn_metadata, slot_mappings, num_tokens_across_dp, 0, *a, **k)
 
-        cls._run_model = _run_model
+        undo.setattr(cls, "_run_model", _run_model)
 
 
 # ---- the catalogue, end to end (GPU host) -------------------------------------------------------
