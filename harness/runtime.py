@@ -48,7 +48,15 @@ JIT_CACHE_LAYOUT = {
     "DG_JIT_CACHE_DIR": "deep_gemm",           # DeepGEMM JIT (indexer logits, FP8 GEMMs)
     "TORCHINDUCTOR_CACHE_DIR": "inductor",     # torch inductor
     "CUDA_CACHE_PATH": "cuda",                 # the driver's PTX -> SASS cache
+    "PYTHONPYCACHEPREFIX": "pycache",          # Python bytecode of torch / vLLM / FlashInfer (below)
 }
+# Python bytecode is a JIT layer too: the lent H200 hosts set PYTHONDONTWRITEBYTECODE and ship
+# torch without .pyc files, so every process re-compiled the sources of torch, transformers and
+# vLLM (measured there: `import torch, transformers.modeling_utils` 11-14 s each time, 4.2-5.0 s
+# with a bytecode cache; cProfile of a warm `harness main`: 14.3 s in `compile`). With a cache
+# root, bytecode is written under ROOT/pycache (Python validates each .pyc against its source's
+# mtime and size, so a changed source is recompiled, never served stale).
+_BYTECODE_VAR = "PYTHONPYCACHEPREFIX"
 
 
 def jit_cache_env(root: str) -> dict[str, str]:
@@ -62,7 +70,9 @@ def jit_cache_env(root: str) -> dict[str, str]:
 def apply_jit_cache(root: str | None = None) -> dict[str, str]:
     """Point the JIT layers at one cache root: ``root``, else ``$HYV4_JIT_CACHE``; without
     either, nothing changes (each library keeps its own default under ``~``). A variable the
-    user already set wins. Returns the variables this call set. Cheap: imports nothing."""
+    user already set wins. With a root, Python bytecode is written under ROOT/pycache even where
+    the host sets PYTHONDONTWRITEBYTECODE (unless PYTHONPYCACHEPREFIX is set already). Returns
+    the variables this call set. Cheap: imports nothing."""
     import os
 
     root = root or os.environ.get(JIT_CACHE_ENV) or None
@@ -74,4 +84,18 @@ def apply_jit_cache(root: str | None = None) -> dict[str, str]:
     for var, path in jit_cache_env(root).items():
         if var not in os.environ:
             os.environ[var] = done[var] = path
+    if _BYTECODE_VAR in done:
+        _write_bytecode_under(done[_BYTECODE_VAR])
     return done
+
+
+def _write_bytecode_under(prefix: str) -> None:
+    """This process and its children write and read bytecode under ``prefix``: Python reads
+    both variables only at start-up, so this process is switched here (modules imported
+    later use it) and the children through the environment."""
+    import os
+    import sys
+
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False

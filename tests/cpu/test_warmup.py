@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
+import sys
 import tarfile
 
 import pytest
 
 from harness import runtime
 from harness.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("argv, culprit", [
@@ -41,6 +46,9 @@ def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, monkeypatch
 def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch):
     for var in runtime.JIT_CACHE_LAYOUT:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
+    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
     assert runtime.apply_jit_cache() == {}  # no root: the libraries keep their defaults
     monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")
@@ -50,6 +58,31 @@ def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch):
     assert all(os.environ[v] == str(tmp_path / sub) for v, sub in runtime.JIT_CACHE_LAYOUT.items()
                if v != "TRITON_CACHE_DIR")
     assert os.environ[runtime.JIT_CACHE_ENV] == str(tmp_path)
+    assert sys.pycache_prefix == str(tmp_path / "pycache") and not sys.dont_write_bytecode
+    assert "PYTHONDONTWRITEBYTECODE" not in os.environ
+
+
+def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path):
+    """A host with PYTHONDONTWRITEBYTECODE (the lent H200s) still caches bytecode once a cache
+    root is applied: in the process that applied it and in the processes it starts."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("parent_mod", "child_mod"):
+        (src / f"{name}.py").write_text("X = 1\n")
+    code = ("import subprocess, sys\n"
+            "from harness.runtime import apply_jit_cache\n"
+            "apply_jit_cache()\n"
+            "import parent_mod\n"
+            "sys.exit(subprocess.call([sys.executable, '-c', 'import child_mod']))\n")
+    root = tmp_path / "root"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", runtime.JIT_CACHE_ENV: str(root),
+           "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)])}
+    for var in runtime.JIT_CACHE_LAYOUT:
+        env.pop(var, None)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    cached = sorted(p.name.split(".")[0] for p in (root / "pycache").rglob("*.pyc"))
+    assert "parent_mod" in cached and "child_mod" in cached
+    assert not any(src.rglob("*.pyc"))  # nothing beside the sources
 
 
 def test_pack_holds_the_layout_and_restores(tmp_path):
