@@ -48,6 +48,9 @@ JIT_CACHE_LAYOUT = {
     "DG_JIT_CACHE_DIR": "deep_gemm",           # DeepGEMM JIT (indexer logits, FP8 GEMMs)
     "TORCHINDUCTOR_CACHE_DIR": "inductor",     # torch inductor
     "CUDA_CACHE_PATH": "cuda",                 # the driver's PTX -> SASS cache
+    "HUMMING_CACHE_DIR": "humming",            # humming (imported by vLLM's FP8 linear kernels): its launcher
+                                               # and nvrtc helper, built in the background at import
+    "TVM_FFI_CACHE_DIR": "tvm-ffi",            # tvm-ffi's JIT extensions (FlashInfer's and others' FFI)
     "PYTHONPYCACHEPREFIX": "pycache",          # Python bytecode of torch / vLLM / FlashInfer (below)
 }
 # Python bytecode is a JIT layer too: the lent H200 hosts set PYTHONDONTWRITEBYTECODE and ship

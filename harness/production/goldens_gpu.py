@@ -3,7 +3,10 @@
 
 import sys
 
-from harness.production.goldens.goldens_gpu import main
+from harness.runtime import apply_jit_cache
+
+apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported (as `python -m harness`)
+from harness.production.goldens.goldens_gpu import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())
