@@ -158,6 +158,7 @@ def _share_the_host(workerinput: dict) -> None:
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: the spread sees the tests that run
 def pytest_collection_modifyitems(config, items):
     gpu_reason = None
     checked = False
@@ -177,6 +178,22 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, found {torch.cuda.device_count()}"))
         if item.get_closest_marker("real_checkpoint") and not config.getoption("--hyv4-checkpoint"):
             item.add_marker(pytest.mark.skip(reason="needs --hyv4-checkpoint PATH"))
+    _spread_the_long_gpu_tests(config, items)
+
+
+def _spread_the_long_gpu_tests(config, items) -> None:
+    """Under worksteal, each xdist worker starts with a slice of about the same expected seconds
+    (``harness.schedule``, costs from ``tests/gpu/durations.json``); only a run of GPU tests
+    alone (.ci/gpu-tier) is reordered, the CPU tier keeps its module order."""
+    wi = getattr(config, "workerinput", None)
+    gpu_dir = pathlib.Path(__file__).parent / "tests" / "gpu"
+    if not wi or getattr(config.option, "dist", None) != "worksteal" or not items or not all(
+            pathlib.Path(str(it.path)).parent == gpu_dir for it in items):
+        return
+    from harness.schedule import expected_costs, load_durations, spread
+
+    costs = expected_costs([it.nodeid for it in items], load_durations(str(gpu_dir / "durations.json")))
+    items[:] = [items[i] for i in spread(costs, int(wi["workercount"]))]
 
 
 @pytest.fixture(scope="session")

@@ -170,6 +170,37 @@ def plan_lanes(cases: list[str], engine: str | None, lanes: int) -> tuple[str | 
     return lead, out
 
 
+# Kernels a library builds alone, from its own JIT entry point, sharing no kernel with the
+# lead: started BESIDE the lead (t = 0) instead of in a lane after it. The lanes that need
+# one wait on the library's own build lock and load what it built (FlashInfer's
+# ``build_and_load``: a file lock, then a second look at the cache). Each entry is
+# name -> (which cases need it: a predicate on a GpuCase, the child's code). The child
+# asks vLLM whether it would pick the kernel at all and exits 0 having built nothing when
+# not, so a prefetch never compiles what the tier does not run.
+PREFETCH = {
+    # FlashInfer's SM90 FP8 block-scale GEMM: measured 179-184 s of nvcc on a fresh H200,
+    # the longest single compile of the tier; vLLM picks it for 128x128-block FP8 linears.
+    "flashinfer-fp8-blockscale-gemm-sm90": (
+        lambda case: case.quant != "bf16",
+        "import sys, torch\n"
+        "if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):\n"
+        "    print('prefetch: not an SM90 GPU; nothing built'); sys.exit(0)\n"
+        "from vllm.utils.flashinfer import is_flashinfer_fp8_blockscale_gemm_supported\n"
+        "if not is_flashinfer_fp8_blockscale_gemm_supported():\n"
+        "    print('prefetch: vLLM would not pick this kernel here; nothing built'); sys.exit(0)\n"
+        "from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90\n"
+        "get_fp8_blockscale_gemm_runner_sm90()\n"
+        "print('prefetch: built')\n"),
+}
+
+
+def plan_prefetch(cases: list[str]) -> list[str]:
+    """The ``PREFETCH`` kernels the cases to warm may need."""
+    from .production.cases import GPU_CASES
+
+    return [name for name, (needed, _) in PREFETCH.items() if any(needed(GPU_CASES[c]) for c in cases)]
+
+
 def _lane_command(cases: list[str], engine: str | None, report: str) -> list[str]:
     cmd = [sys.executable, "-m", "harness", "warmup", "--report", report]
     for c in cases:
@@ -179,39 +210,79 @@ def _lane_command(cases: list[str], engine: str | None, report: str) -> list[str
     return cmd + (["--engine", engine] if engine else ["--no-engine"])
 
 
-def run_lanes(lead: str | None, lanes: list[dict], log=print) -> list[dict]:
-    """Run the lead, then the lanes at once, each a ``python -m harness warmup`` process (the
-    JIT cache root and every other variable inherited) -> their steps, each with its lane;
-    a lane that fails is CannotJudge naming it and its last line."""
+def _start_prefetch(names: list[str], tmp: str) -> list[tuple]:
+    started = []
+    for name in names:
+        out = os.path.join(tmp, f"prefetch-{name}.log")
+        with open(out, "w") as f:
+            proc = subprocess.Popen([sys.executable, "-c", PREFETCH[name][1]], stdout=f, stderr=subprocess.STDOUT)
+        started.append((name, proc, out, time.perf_counter()))
+    return started
+
+
+def _wait_prefetch(started: list[tuple], log=print) -> list[dict]:
+    """Each prefetch's step. A failed prefetch is not fatal: the lane that needs the kernel
+    builds it itself (and fails, named, if it cannot); the step keeps the prefetch's last line."""
+    steps = []
+    for name, proc, out, t0 in started:
+        rc = proc.wait()
+        with open(out, errors="replace") as f:
+            last = (f.read().strip().splitlines() or ["no output"])[-1][:300]
+        st = {"name": name, "seconds": round(time.perf_counter() - t0, 2), "lane": "prefetch", "last_line": last}
+        if rc != 0:
+            st["error"] = f"exit {rc}"
+        steps.append(st)
+        log(f"warmup prefetch {name}: {st['seconds']:.1f} s, exit {rc}: {last}", flush=True)
+    return steps
+
+
+def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str] = ()) -> list[dict]:
+    """Run the ``prefetch`` kernels and the lead at once, then the lanes at once (the
+    prefetches may still be building), each a process (the JIT cache root and every other
+    variable inherited) -> their steps, each with its lane; a lane that fails is CannotJudge
+    naming it and its last line."""
     jobs = ([[{"cases": [lead], "engine": None}]] if lead else []) + [lanes]
     steps = []
     with tempfile.TemporaryDirectory(prefix="hyv4-warmup-") as tmp:
-        n = 0
-        for wave in jobs:
-            running = []
-            for lane in wave:
-                n += 1
-                report, out = os.path.join(tmp, f"lane{n}.json"), os.path.join(tmp, f"lane{n}.log")
-                with open(out, "w") as f:
-                    proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
-                                            stdout=f, stderr=subprocess.STDOUT)
-                running.append((n, lane, proc, report, out))
-            failed = []
-            for n_, lane, proc, report, out in running:
-                rc = proc.wait()
-                with open(out, errors="replace") as f:
-                    lines = f.read().strip().splitlines()
-                if rc != 0:
-                    names = ", ".join(lane["cases"] + ([lane["engine"]] if lane["engine"] else []))
-                    failed.append(f"warmup lane {n_} ({names}): exit {rc}: {(lines or ['no output'])[-1][:300]}")
-                    continue
-                with open(report) as f:
-                    for st in json.load(f)["steps"]:
-                        steps.append({**st, "lane": n_})
-                        log(f"warmup {st['name']}: {st['seconds']:.1f} s (lane {n_})", flush=True)
-            if failed:
-                raise CannotJudge(failed[0])
+        started = _start_prefetch(list(prefetch), tmp)
+        try:
+            _run_waves(jobs, tmp, steps, log)
+        except BaseException:  # a lane failed: the warmup is over, its prefetches too
+            for _, proc, _, _ in started:
+                proc.kill()
+                proc.wait()
+            raise
+        steps += _wait_prefetch(started, log)
     return steps
+
+
+def _run_waves(jobs: list[list[dict]], tmp: str, steps: list, log) -> None:
+    """Each wave's lanes at once, one ``python -m harness warmup`` process each; their steps to ``steps``."""
+    n = 0
+    for wave in jobs:
+        running = []
+        for lane in wave:
+            n += 1
+            report, out = os.path.join(tmp, f"lane{n}.json"), os.path.join(tmp, f"lane{n}.log")
+            with open(out, "w") as f:
+                proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
+                                        stdout=f, stderr=subprocess.STDOUT)
+            running.append((n, lane, proc, report, out))
+        failed = []
+        for n_, lane, proc, report, out in running:
+            rc = proc.wait()
+            with open(out, errors="replace") as f:
+                lines = f.read().strip().splitlines()
+            if rc != 0:
+                names = ", ".join(lane["cases"] + ([lane["engine"]] if lane["engine"] else []))
+                failed.append(f"warmup lane {n_} ({names}): exit {rc}: {(lines or ['no output'])[-1][:300]}")
+                continue
+            with open(report) as f:
+                for st in json.load(f)["steps"]:
+                    steps.append({**st, "lane": n_})
+                    log(f"warmup {st['name']}: {st['seconds']:.1f} s (lane {n_})", flush=True)
+        if failed:
+            raise CannotJudge(failed[0])
 
 
 def run(args, log=print) -> dict:
@@ -256,7 +327,8 @@ def run(args, log=print) -> dict:
         lead, lanes = plan_lanes([c for c in cases if c in todo], engine, args.lanes)
         rep["lanes"] = [lane["cases"] + ([lane["engine"]] if lane["engine"] else []) for lane in lanes]
         rep["lead"] = lead
-        rep["steps"] = run_lanes(lead, lanes, log)
+        rep["prefetch"] = plan_prefetch([c for c in cases if c in todo])
+        rep["steps"] = run_lanes(lead, lanes, log, prefetch=rep["prefetch"])
     else:  # in this process, in order
         for cid in (c for c in cases if c in todo):
             case = GPU_CASES[cid]

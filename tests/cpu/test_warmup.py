@@ -209,3 +209,43 @@ def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named():
     lanes = [{"cases": [], "engine": DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
     with pytest.raises(CannotJudge, match=rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125: .*no CUDA"):
         run_lanes(None, lanes)
+
+
+def test_prefetch_is_planned_only_for_the_cases_that_need_it():
+    from harness.production.cases import GPU_CASES
+    from harness.warmup import PREFETCH, plan_prefetch
+
+    fp8 = [c for c in GPU_CASES if GPU_CASES[c].quant != "bf16"]
+    bf16 = [c for c in GPU_CASES if GPU_CASES[c].quant == "bf16"]
+    assert fp8 and plan_prefetch(fp8) == list(PREFETCH) == ["flashinfer-fp8-blockscale-gemm-sm90"]
+    assert plan_prefetch(bf16) == [] and plan_prefetch([]) == []
+
+
+def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch):
+    """The real prefetch program runs (here, without an SM90 GPU, it builds nothing and says
+    so); a prefetch that crashes is recorded with its exit code and last line, not raised:
+    the lane that needs the kernel builds it itself."""
+    from harness import warmup
+
+    steps = warmup.run_lanes(None, [], prefetch=["flashinfer-fp8-blockscale-gemm-sm90"])
+    assert [s["name"] for s in steps] == ["flashinfer-fp8-blockscale-gemm-sm90"]
+    if runtime.cannot_run_production_reason() is not None:
+        assert "error" not in steps[0] and "nothing built" in steps[0]["last_line"]
+    monkeypatch.setitem(warmup.PREFETCH, "broken", (lambda case: True, "raise SystemExit('no such kernel')"))
+    (st,) = warmup.run_lanes(None, [], prefetch=["broken"])
+    assert st["error"] == "exit 1" and st["last_line"] == "no such kernel" and st["lane"] == "prefetch"
+
+
+def test_a_failed_lane_stops_the_prefetches(monkeypatch):
+    if runtime.cannot_run_production_reason() is None:
+        pytest.skip("a GPU with vLLM is present: the lane would warm")
+    import time
+
+    from harness import warmup
+    from harness.exitcodes import CannotJudge
+
+    monkeypatch.setitem(warmup.PREFETCH, "slow", (lambda case: True, "import time; time.sleep(120)"))
+    t0 = time.perf_counter()
+    with pytest.raises(CannotJudge, match=r"warmup lane 1 \(tiny-k1\): exit 125"):
+        warmup.run_lanes(None, [{"cases": ["tiny-k1"], "engine": None}], prefetch=["slow"])
+    assert time.perf_counter() - t0 < 60  # killed, not waited for

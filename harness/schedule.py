@@ -1,0 +1,90 @@
+"""Which GPU test each xdist worker starts with: spread the long ones (issue 13).
+
+pytest-xdist's ``worksteal`` gives worker i the i-th contiguous slice of the collection at the
+start, and an idle worker later steals the TAIL half of the longest queue. In collection order
+(files alphabetically) the four engine tests, ~50 s each on an H200, were the head of one
+worker's slice, where nothing steals them: the warm tier took 194 s against 618 s of test
+time over 6 workers (103 s each if balanced). ``spread`` reorders the collection so that each
+slice holds about the same expected seconds, longest first (the tail, what gets stolen, is
+the short tests).
+
+The expected seconds come from a measured run's JUnit (``durations.json`` beside the GPU
+tests, written by ``record``); a test it does not know counts as the median. A stale file
+only makes the schedule worse, never a verdict different: the order of independent tests.
+Every worker computes the same order (same items, same costs, same worker count), as xdist
+requires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import xml.etree.ElementTree as ET
+
+
+def xdist_slices(n_items: int, n_workers: int) -> list[int]:
+    """The slice sizes worksteal's first distribution gives (``len(pending) // nodes_remaining``)."""
+    sizes, left = [], n_items
+    for i in range(n_workers):
+        size = left // (n_workers - i)
+        sizes.append(size)
+        left -= size
+    return sizes
+
+
+def spread(costs: list[float], n_workers: int) -> list[int]:
+    """A permutation of ``range(len(costs))``: slices (``xdist_slices``) filled longest first,
+    each test to the slice with the fewest expected seconds that has room (ties: the lower
+    slice), each slice longest first. Deterministic."""
+    sizes = xdist_slices(len(costs), max(1, n_workers))
+    slices: list[list[int]] = [[] for _ in sizes]
+    load = [0.0] * len(sizes)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        k = min((k for k in range(len(sizes)) if len(slices[k]) < sizes[k]), key=lambda k: (load[k], k))
+        slices[k].append(i)
+        load[k] += costs[i]
+    return [i for s in slices for i in s]
+
+
+def load_durations(path: str) -> dict[str, float]:
+    """{test node id: seconds} from ``path``; empty when absent or unreadable (then nothing moves)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return {str(k): float(v) for k, v in data.get("seconds", {}).items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def expected_costs(nodeids: list[str], durations: dict[str, float]) -> list[float]:
+    default = statistics.median(durations.values()) if durations else 1.0
+    return [durations.get(n, default) for n in nodeids]
+
+
+def junit_durations(junit_xml: str) -> dict[str, float]:
+    """{node id: seconds} of a pytest JUnit file (classname ``tests.gpu.test_x`` -> ``tests/gpu/test_x.py``)."""
+    out = {}
+    for tc in ET.parse(junit_xml).getroot().iter("testcase"):
+        cls, name = tc.get("classname", ""), tc.get("name", "")
+        parts = cls.split(".")
+        mod = next((j for j in range(len(parts), 0, -1) if parts[j - 1].startswith("test_")), len(parts))
+        nodeid = "/".join(parts[:mod]) + ".py::" + "::".join(parts[mod:] + [name])
+        out[nodeid] = round(float(tc.get("time", 0.0)), 1)
+    return out
+
+
+def record(junit_xml: str, dest: str, source: str) -> None:
+    """Write ``dest`` (``durations.json``) from a measured run's JUnit; ``source`` says which run."""
+    from .atomic import atomic_write_json
+
+    atomic_write_json(dest, {"source": source, "seconds": dict(sorted(junit_durations(junit_xml).items()))},
+                      indent=1)
+
+
+if __name__ == "__main__":  # python -m harness.schedule JUNIT.xml DEST.json "which run"
+    import sys
+
+    if len(sys.argv) != 4 or not os.path.isfile(sys.argv[1]):
+        sys.exit("usage: python -m harness.schedule JUNIT.xml DEST.json 'which run (host, commit)'")
+    record(*sys.argv[1:])
