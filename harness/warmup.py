@@ -23,7 +23,11 @@ kept cache pays seconds, not the ~100 s of re-running every case.
 every case shares), then the rest in up to N processes at once, one per kernel family:
 the FP8 checkpoints (FlashInfer's FP8 block GEMM, the longest compile), the engine,
 real dims, the other bf16 cases; measured serially on a fresh H200 they took 179, 134,
-75 and ~70 s after the first case's 84 s.
+75 and ~70 s after the first case's 84 s. With lanes, a kernel a library can build alone
+(``PREFETCH``: FlashInfer's FP8 block GEMM, 179-184 s of nvcc) starts beside the first case
+instead of after it; the lane that needs it waits on FlashInfer's build lock. (Lanes measured
+on a fresh H200 before the prefetch: 291 s, the first case 79 s then the FP8 lane 184 s.)
+The cache root holds Python's bytecode too (``ROOT/pycache``; not packed).
 FlashInfer's precompiled kernels (``vllm download-kernels``: ``flashinfer-cubin`` /
 ``flashinfer-jit-cache`` 0.7.2.post1, the version vLLM 0.33 pins) are published only
 on flashinfer.ai, not on PyPI (which stops at flashinfer-cubin 0.6.13, refused by
@@ -346,14 +350,20 @@ def run(args, log=print) -> dict:
     return rep
 
 
+# Not packed: Python's bytecode (ROOT/pycache) is keyed by each source's path on this host, is
+# rebuilt by the next host's first process in seconds, and is the largest layer (~70 MiB for
+# torch and transformers alone on the H200 host).
+NOT_PACKED = {"PYTHONPYCACHEPREFIX"}
+
+
 def pack(root: str, dest: str) -> int:
-    """Tar ``root`` (its layout, ``jit_cache_env``) to ``dest`` atomically; bytes written."""
+    """Tar ``root`` (its layout, ``jit_cache_env``, less ``NOT_PACKED``) to ``dest`` atomically; bytes written."""
     from .atomic import atomic_write
 
     def write(tmp: str) -> None:
         with tarfile.open(tmp, "w:gz") as tar:
-            for path in jit_cache_env(root).values():
-                if os.path.isdir(path):
+            for var, path in jit_cache_env(root).items():
+                if var not in NOT_PACKED and os.path.isdir(path):
                     tar.add(path, arcname=os.path.relpath(path, os.path.abspath(os.path.expanduser(root))))
     return atomic_write(dest, write).stat().st_size
 
