@@ -23,9 +23,10 @@ kept cache pays seconds, not the ~100 s of re-running every case.
 every case shares), then the rest in up to N processes at once, one per kernel family:
 the FP8 checkpoints (FlashInfer's FP8 block GEMM, the longest compile), the engine,
 real dims, the other bf16 cases; measured serially on a fresh H200 they took 179, 134,
-75 and ~70 s after the first case's 84 s. With lanes, a kernel a library can build alone
-(``PREFETCH``: FlashInfer's FP8 block GEMM, 179-184 s of nvcc) starts beside the first case
-instead of after it; the lane that needs it waits on FlashInfer's build lock. (Lanes measured
+75 and ~70 s after the first case's 84 s. With lanes, each kernel a library can build alone
+(``PREFETCH``: FlashInfer's FP8 block GEMM, 146-184 s of nvcc; its sampler, ~117 s of the
+engine's start; its rope, most of the yarn case) starts beside the first case instead of
+after it; the lane that needs it waits on FlashInfer's build lock. (Lanes measured
 on a fresh H200 before the prefetch: 291 s, the first case 79 s then the FP8 lane 184 s.)
 The cache root holds Python's bytecode too (``ROOT/pycache``; not packed).
 FlashInfer's precompiled kernels (``vllm download-kernels``: ``flashinfer-cubin`` /
@@ -178,31 +179,64 @@ def plan_lanes(cases: list[str], engine: str | None, lanes: int) -> tuple[str | 
 # lead: started BESIDE the lead (t = 0) instead of in a lane after it. The lanes that need
 # one wait on the library's own build lock and load what it built (FlashInfer's
 # ``build_and_load``: a file lock, then a second look at the cache). Each entry is
-# name -> (which cases need it: a predicate on a GpuCase, the child's code). The child
-# asks vLLM whether it would pick the kernel at all and exits 0 having built nothing when
-# not, so a prefetch never compiles what the tier does not run.
+# name -> (whether the steps to warm need it: a predicate on (GpuCases, engine wanted), the
+# child's code). The child first asks vLLM, where vLLM has a predicate for it, whether it
+# would use the kernel on this GPU, and exits 0 having built nothing when not.
+# Measured on a fresh H200 (the 2026-12-01 serial warmup log): FlashInfer's JIT modules were
+# the long single compiles of the whole warmup, each inside one step.
+_PREFETCH_HEAD = ("import sys, torch\n"
+                  "if not torch.cuda.is_available():\n"
+                  "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n")
+
+
+def _prefetch_code(check: str, why_not: str, build: str) -> str:
+    return (_PREFETCH_HEAD + f"{check}\n    print({'prefetch: ' + why_not + '; nothing built'!r}); sys.exit(0)\n"
+            f"{build}\nprint('prefetch: built')\n")
+
+
+def _is_yarn(case) -> bool:
+    rope = case.hf_config().get("rope_parameters") or case.hf_config().get("rope_scaling") or {}
+    return "yarn" in str(rope.get("rope_type", rope.get("type", "")))
+
+
 PREFETCH = {
-    # FlashInfer's SM90 FP8 block-scale GEMM: measured 179-184 s of nvcc on a fresh H200,
-    # the longest single compile of the tier; vLLM picks it for 128x128-block FP8 linears.
+    # fp8_blockscale_gemm_90: 146-184 s of nvcc; vLLM picks it for 128x128-block FP8 linears on SM90.
     "flashinfer-fp8-blockscale-gemm-sm90": (
-        lambda case: case.quant != "bf16",
-        "import sys, torch\n"
-        "if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):\n"
-        "    print('prefetch: not an SM90 GPU; nothing built'); sys.exit(0)\n"
-        "from vllm.utils.flashinfer import is_flashinfer_fp8_blockscale_gemm_supported\n"
-        "if not is_flashinfer_fp8_blockscale_gemm_supported():\n"
-        "    print('prefetch: vLLM would not pick this kernel here; nothing built'); sys.exit(0)\n"
-        "from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90\n"
-        "get_fp8_blockscale_gemm_runner_sm90()\n"
-        "print('prefetch: built')\n"),
+        lambda cases, engine: any(c.quant != "bf16" for c in cases),
+        _prefetch_code(
+            "from vllm.utils.flashinfer import is_flashinfer_fp8_blockscale_gemm_supported\n"
+            "if torch.cuda.get_device_capability() != (9, 0) or not is_flashinfer_fp8_blockscale_gemm_supported():",
+            "vLLM would not pick this kernel here",
+            "from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90\n"
+            "get_fp8_blockscale_gemm_runner_sm90()")),
+    # sampling: ~117 s of the engine's first start (22:18:28 -> 22:20:25 in that log); vLLM's
+    # sampler uses it for top-p / top-k when flashinfer_sampler_supported().
+    "flashinfer-sampling": (
+        lambda cases, engine: engine,
+        _prefetch_code(
+            "from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported\n"
+            "if not flashinfer_sampler_supported():",
+            "vLLM would not use FlashInfer's sampler here",
+            "from flashinfer.sampling import get_sampling_module\nget_sampling_module()")),
+    # rope: most of the yarn case's 48-64 s; vLLM's DeepSeek yarn rotary embedding applies it
+    # through FlashInfer (its own per-layer condition needs a model config: checked here is
+    # only that vLLM sees FlashInfer).
+    "flashinfer-rope": (
+        lambda cases, engine: any(_is_yarn(c) for c in cases),
+        _prefetch_code(
+            "from vllm.utils.flashinfer import has_flashinfer\n"
+            "if not has_flashinfer():",
+            "vLLM does not see FlashInfer",
+            "from flashinfer.rope import get_rope_module\nget_rope_module()")),
 }
 
 
-def plan_prefetch(cases: list[str]) -> list[str]:
-    """The ``PREFETCH`` kernels the cases to warm may need."""
+def plan_prefetch(cases: list[str], engine: bool = False) -> list[str]:
+    """The ``PREFETCH`` kernels the steps to warm (module-level ``cases``, an ``engine``) may need."""
     from .production.cases import GPU_CASES
 
-    return [name for name, (needed, _) in PREFETCH.items() if any(needed(GPU_CASES[c]) for c in cases)]
+    gpu_cases = [GPU_CASES[c] for c in cases]
+    return [name for name, (needed, _) in PREFETCH.items() if needed(gpu_cases, engine)]
 
 
 def _lane_command(cases: list[str], engine: str | None, report: str) -> list[str]:
@@ -331,7 +365,7 @@ def run(args, log=print) -> dict:
         lead, lanes = plan_lanes([c for c in cases if c in todo], engine, args.lanes)
         rep["lanes"] = [lane["cases"] + ([lane["engine"]] if lane["engine"] else []) for lane in lanes]
         rep["lead"] = lead
-        rep["prefetch"] = plan_prefetch([c for c in cases if c in todo])
+        rep["prefetch"] = plan_prefetch([c for c in cases if c in todo], engine is not None)
         rep["steps"] = run_lanes(lead, lanes, log, prefetch=rep["prefetch"])
     else:  # in this process, in order
         for cid in (c for c in cases if c in todo):

@@ -219,9 +219,11 @@ def test_prefetch_is_planned_only_for_the_cases_that_need_it():
     from harness.warmup import PREFETCH, plan_prefetch
 
     fp8 = [c for c in GPU_CASES if GPU_CASES[c].quant != "bf16"]
-    bf16 = [c for c in GPU_CASES if GPU_CASES[c].quant == "bf16"]
-    assert fp8 and plan_prefetch(fp8) == list(PREFETCH) == ["flashinfer-fp8-blockscale-gemm-sm90"]
-    assert plan_prefetch(bf16) == [] and plan_prefetch([]) == []
+    assert fp8 and plan_prefetch(fp8) == ["flashinfer-fp8-blockscale-gemm-sm90"]
+    assert plan_prefetch(["tiny-k1", "tiny-k3-share"]) == [] and plan_prefetch([]) == []
+    assert plan_prefetch([], engine=True) == ["flashinfer-sampling"]
+    assert plan_prefetch(["tiny-k2-yarn"]) == ["flashinfer-rope"]
+    assert plan_prefetch(list(GPU_CASES), engine=True) == list(PREFETCH)
 
 
 def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch):
@@ -230,10 +232,10 @@ def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch
     the lane that needs the kernel builds it itself."""
     from harness import warmup
 
-    steps = warmup.run_lanes(None, [], prefetch=["flashinfer-fp8-blockscale-gemm-sm90"])
-    assert [s["name"] for s in steps] == ["flashinfer-fp8-blockscale-gemm-sm90"]
+    steps = warmup.run_lanes(None, [], prefetch=list(warmup.PREFETCH))
+    assert [s["name"] for s in steps] == list(warmup.PREFETCH)
     if runtime.cannot_run_production_reason() is not None:
-        assert "error" not in steps[0] and "nothing built" in steps[0]["last_line"]
+        assert all("error" not in s and "nothing built" in s["last_line"] for s in steps), steps
     monkeypatch.setitem(warmup.PREFETCH, "broken", (lambda case: True, "raise SystemExit('no such kernel')"))
     (st,) = warmup.run_lanes(None, [], prefetch=["broken"])
     assert st["error"] == "exit 1" and st["last_line"] == "no such kernel" and st["lane"] == "prefetch"
@@ -252,3 +254,21 @@ def test_a_failed_lane_stops_the_prefetches(monkeypatch):
     with pytest.raises(CannotJudge, match=r"warmup lane 1 \(tiny-k1\): exit 125"):
         warmup.run_lanes(None, [{"cases": ["tiny-k1"], "engine": None}], prefetch=["slow"])
     assert time.perf_counter() - t0 < 60  # killed, not waited for
+
+
+@pytest.mark.parametrize("name", sorted(__import__("harness.warmup", fromlist=["PREFETCH"]).PREFETCH))
+def test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold(name):
+    """Every ``from M import F`` of a prefetch program resolves in the installed packages (a
+    rename upstream fails here, not as a silent prefetch error on a GPU host)."""
+    import ast
+    import importlib
+
+    from harness.warmup import PREFETCH
+
+    code = PREFETCH[name][1]
+    imports = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.ImportFrom)]
+    assert len(imports) >= 1
+    for node in imports:
+        mod = importlib.import_module(node.module)
+        for alias in node.names:
+            assert callable(getattr(mod, alias.name)), f"{node.module}.{alias.name}"
