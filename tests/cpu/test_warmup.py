@@ -16,6 +16,23 @@ from harness.cli import main
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def no_jit_cache(monkeypatch):
+    """No JIT cache root in the environment, and what the test's ``apply_jit_cache`` sets is undone
+    at its end: the cache root, every layer's variable, CUDA_CACHE_MAXSIZE, PYTHONDONTWRITEBYTECODE and
+    the process's bytecode switch. (``monkeypatch.delenv`` of an unset variable records nothing to
+    restore: each variable is set first, so its absence is restored too. A leaked
+    PYTHONPYCACHEPREFIX made every later process of the worker recompile torch into a temporary
+    directory, a leaked $HYV4_JIT_CACHE pointed its later commands at it.)"""
+    for var in (*runtime.JIT_CACHE_LAYOUT, runtime.JIT_CACHE_ENV, "CUDA_CACHE_MAXSIZE", "PYTHONDONTWRITEBYTECODE"):
+        was = os.environ.get(var)
+        monkeypatch.setenv(var, was or "")
+        if was is None or var in runtime.JIT_CACHE_LAYOUT or var == runtime.JIT_CACHE_ENV:
+            monkeypatch.delenv(var)
+    monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
+    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+
+
 @pytest.mark.parametrize("argv, culprit", [
     (["--case", "no-such-case"], "--case no-such-case"),
     (["--engine", "no-such-engine"], "--engine no-such-engine"),
@@ -23,19 +40,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
     (["--if-cold"], "--if-cold needs one cache root"),
     (["--report", "/no/such/dir/r.json"], "--report /no/such/dir/r.json"),
 ])
-def test_bad_flags_exit_2_naming_the_flag(argv, culprit, capsys, monkeypatch):
-    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
+def test_bad_flags_exit_2_naming_the_flag(argv, culprit, capsys, no_jit_cache):
     assert main(["warmup", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and culprit in err[0] and "Traceback" not in err[0]
 
 
-def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, monkeypatch):
+def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, no_jit_cache):
     if runtime.cannot_run_production_reason() is None:
         pytest.skip("a GPU with vLLM is present: warmup would run")
-    for var in runtime.JIT_CACHE_LAYOUT:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
     dest = tmp_path / "jit.tar.gz"
     assert main(["warmup", "--cache", str(tmp_path / "cache"), "--case", "tiny-k1", "--pack", str(dest)]) == 125
     cap = capsys.readouterr()
@@ -43,13 +56,8 @@ def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, monkeypatch
     assert not dest.exists()
 
 
-def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch):
-    for var in runtime.JIT_CACHE_LAYOUT:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
-    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch, no_jit_cache):
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
     assert runtime.apply_jit_cache() == {}  # no root: the libraries keep their defaults
     monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")
     done = runtime.apply_jit_cache(str(tmp_path))
