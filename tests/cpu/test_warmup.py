@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tarfile
@@ -209,17 +210,40 @@ def test_lane_flags_are_checked(argv, culprit, capsys):
     assert len(err) == 1 and culprit in err[0]
 
 
-def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named():
-    """The lane commands are ``python -m harness warmup`` with flags it accepts: here (no CUDA)
-    every lane exits 125 and the first is named with its steps and its last line."""
+@pytest.fixture(scope="module")
+def failed_lanes_beside_a_slow_prefetch():
+    """One real ``run_lanes`` on a CPU host, shared by the two tests below (each lane is a
+    ``python -m harness warmup`` process importing torch: ~4.5 s of CPU): the engine-only lane
+    and an FP8 case's lane, both exiting 125 here, beside a prefetch that would sleep 120 s
+    -> (the CannotJudge raised, or None, and the seconds run_lanes took)."""
     if runtime.cannot_run_production_reason() is None:
         pytest.skip("a GPU with vLLM is present: the lanes would warm")
-    from harness.exitcodes import CannotJudge
-    from harness.warmup import DEFAULT_ENGINE_CASE, run_lanes
+    import time
 
-    lanes = [{"cases": [], "engine": DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
-    with pytest.raises(CannotJudge, match=rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125: .*no CUDA"):
-        run_lanes(None, lanes)
+    from harness import warmup
+    from harness.exitcodes import CannotJudge
+
+    lanes = [{"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(warmup.PREFETCH, "slow", (lambda case: True, "import time; time.sleep(120)"))
+        t0 = time.perf_counter()
+        try:
+            warmup.run_lanes(None, lanes, prefetch=["slow"])
+            raised = None
+        except CannotJudge as exc:
+            raised = exc
+        return raised, time.perf_counter() - t0
+
+
+def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named(failed_lanes_beside_a_slow_prefetch):
+    """The lane commands are ``python -m harness warmup`` with flags it accepts: here (no CUDA)
+    every lane exits 125 and the first is named with its steps and its last line."""
+    from harness.exitcodes import CannotJudge
+    from harness.warmup import DEFAULT_ENGINE_CASE
+
+    raised, _ = failed_lanes_beside_a_slow_prefetch
+    assert isinstance(raised, CannotJudge), raised
+    assert re.search(rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125: .*no CUDA", str(raised)), str(raised)
 
 
 def test_prefetch_is_planned_only_for_the_cases_that_need_it():
@@ -247,16 +271,11 @@ def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch
     assert st["error"] == "exit 1" and st["last_line"] == "no such kernel" and st["lane"] == "prefetch"
 
 
-def test_a_failed_lane_stops_the_prefetches(monkeypatch):
-    if runtime.cannot_run_production_reason() is None:
-        pytest.skip("a GPU with vLLM is present: the lane would warm")
-    import time
-
-    from harness import warmup
+def test_a_failed_lane_stops_the_prefetches(failed_lanes_beside_a_slow_prefetch):
     from harness.exitcodes import CannotJudge
+    from harness.warmup import DEFAULT_ENGINE_CASE
 
-    monkeypatch.setitem(warmup.PREFETCH, "slow", (lambda case: True, "import time; time.sleep(120)"))
-    t0 = time.perf_counter()
-    with pytest.raises(CannotJudge, match=r"warmup lane 1 \(tiny-k1\): exit 125"):
-        warmup.run_lanes(None, [{"cases": ["tiny-k1"], "engine": None}], prefetch=["slow"])
-    assert time.perf_counter() - t0 < 60  # killed, not waited for
+    raised, seconds = failed_lanes_beside_a_slow_prefetch
+    assert isinstance(raised, CannotJudge), raised
+    assert re.search(rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125", str(raised)), str(raised)
+    assert seconds < 60  # the 120 s prefetch killed, not waited for
