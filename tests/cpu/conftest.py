@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -15,6 +16,14 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "cpu" / "_vllm_config_probe.py"
 PROBE_TIMEOUT_S = 900
+
+# Importing vLLM's FP8 linear kernels (test_checkpoint_vllm_rules' FP8 quant configs) imports humming,
+# which starts two background Python processes to JIT-build its CUDA launcher and nvrtc helper:
+# ~16 s of CPU on the CI cores, for a build that needs CUDA. Without a CUDA device nothing in this
+# process or its children runs a kernel, so humming builds on first use instead (as in the probe below).
+# Set at collection, before any test imports vLLM; a host with a GPU keeps humming's default.
+if not glob.glob("/dev/nvidia[0-9]*"):
+    os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
 
 
 # ---- vLLM on a faked CUDA platform: one subprocess per test run -------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tarfile
@@ -16,6 +17,23 @@ from harness.cli import main
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def no_jit_cache(monkeypatch):
+    """No JIT cache root in the environment, and what the test's ``apply_jit_cache`` sets is undone
+    at its end: the cache root, every layer's variable, CUDA_CACHE_MAXSIZE, PYTHONDONTWRITEBYTECODE and
+    the process's bytecode switch. (``monkeypatch.delenv`` of an unset variable records nothing to
+    restore: each variable is set first, so its absence is restored too. A leaked
+    PYTHONPYCACHEPREFIX made every later process of the worker recompile torch into a temporary
+    directory, a leaked $HYV4_JIT_CACHE pointed its later commands at it.)"""
+    for var in (*runtime.JIT_CACHE_LAYOUT, runtime.JIT_CACHE_ENV, "CUDA_CACHE_MAXSIZE", "PYTHONDONTWRITEBYTECODE"):
+        was = os.environ.get(var)
+        monkeypatch.setenv(var, was or "")
+        if was is None or var in runtime.JIT_CACHE_LAYOUT or var == runtime.JIT_CACHE_ENV:
+            monkeypatch.delenv(var)
+    monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
+    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+
+
 @pytest.mark.parametrize("argv, culprit", [
     (["--case", "no-such-case"], "--case no-such-case"),
     (["--engine", "no-such-engine"], "--engine no-such-engine"),
@@ -23,19 +41,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
     (["--if-cold"], "--if-cold needs one cache root"),
     (["--report", "/no/such/dir/r.json"], "--report /no/such/dir/r.json"),
 ])
-def test_bad_flags_exit_2_naming_the_flag(argv, culprit, capsys, monkeypatch):
-    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
+def test_bad_flags_exit_2_naming_the_flag(argv, culprit, capsys, no_jit_cache):
     assert main(["warmup", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and culprit in err[0] and "Traceback" not in err[0]
 
 
-def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, monkeypatch):
+def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, no_jit_cache):
     if runtime.cannot_run_production_reason() is None:
         pytest.skip("a GPU with vLLM is present: warmup would run")
-    for var in runtime.JIT_CACHE_LAYOUT:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
     dest = tmp_path / "jit.tar.gz"
     assert main(["warmup", "--cache", str(tmp_path / "cache"), "--case", "tiny-k1", "--pack", str(dest)]) == 125
     cap = capsys.readouterr()
@@ -43,13 +57,8 @@ def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, monkeypatch
     assert not dest.exists()
 
 
-def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch):
-    for var in runtime.JIT_CACHE_LAYOUT:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
-    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch, no_jit_cache):
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    monkeypatch.delenv(runtime.JIT_CACHE_ENV, raising=False)
     assert runtime.apply_jit_cache() == {}  # no root: the libraries keep their defaults
     monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")
     done = runtime.apply_jit_cache(str(tmp_path))
@@ -201,17 +210,40 @@ def test_lane_flags_are_checked(argv, culprit, capsys):
     assert len(err) == 1 and culprit in err[0]
 
 
-def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named():
-    """The lane commands are ``python -m harness warmup`` with flags it accepts: here (no CUDA)
-    every lane exits 125 and the first is named with its steps and its last line."""
+@pytest.fixture(scope="module")
+def failed_lanes_beside_a_slow_prefetch():
+    """One real ``run_lanes`` on a CPU host, shared by the two tests below (each lane is a
+    ``python -m harness warmup`` process importing torch: ~4.5 s of CPU): the engine-only lane
+    and an FP8 case's lane, both exiting 125 here, beside a prefetch that would sleep 120 s
+    -> (the CannotJudge raised, or None, and the seconds run_lanes took)."""
     if runtime.cannot_run_production_reason() is None:
         pytest.skip("a GPU with vLLM is present: the lanes would warm")
-    from harness.exitcodes import CannotJudge
-    from harness.warmup import DEFAULT_ENGINE_CASE, run_lanes
+    import time
 
-    lanes = [{"cases": [], "engine": DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
-    with pytest.raises(CannotJudge, match=rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125: .*no CUDA"):
-        run_lanes(None, lanes)
+    from harness import warmup
+    from harness.exitcodes import CannotJudge
+
+    lanes = [{"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(warmup.PREFETCH, "slow", (lambda case: True, "import time; time.sleep(120)"))
+        t0 = time.perf_counter()
+        try:
+            warmup.run_lanes(None, lanes, prefetch=["slow"])
+            raised = None
+        except CannotJudge as exc:
+            raised = exc
+        return raised, time.perf_counter() - t0
+
+
+def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named(failed_lanes_beside_a_slow_prefetch):
+    """The lane commands are ``python -m harness warmup`` with flags it accepts: here (no CUDA)
+    every lane exits 125 and the first is named with its steps and its last line."""
+    from harness.exitcodes import CannotJudge
+    from harness.warmup import DEFAULT_ENGINE_CASE
+
+    raised, _ = failed_lanes_beside_a_slow_prefetch
+    assert isinstance(raised, CannotJudge), raised
+    assert re.search(rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125: .*no CUDA", str(raised)), str(raised)
 
 
 def test_prefetch_is_planned_only_for_the_cases_that_need_it():
@@ -241,19 +273,14 @@ def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch
     assert st["error"] == "exit 1" and st["last_line"] == "no such kernel" and st["lane"] == "prefetch"
 
 
-def test_a_failed_lane_stops_the_prefetches(monkeypatch):
-    if runtime.cannot_run_production_reason() is None:
-        pytest.skip("a GPU with vLLM is present: the lane would warm")
-    import time
-
-    from harness import warmup
+def test_a_failed_lane_stops_the_prefetches(failed_lanes_beside_a_slow_prefetch):
     from harness.exitcodes import CannotJudge
+    from harness.warmup import DEFAULT_ENGINE_CASE
 
-    monkeypatch.setitem(warmup.PREFETCH, "slow", (lambda case: True, "import time; time.sleep(120)"))
-    t0 = time.perf_counter()
-    with pytest.raises(CannotJudge, match=r"warmup lane 1 \(tiny-k1\): exit 125"):
-        warmup.run_lanes(None, [{"cases": ["tiny-k1"], "engine": None}], prefetch=["slow"])
-    assert time.perf_counter() - t0 < 60  # killed, not waited for
+    raised, seconds = failed_lanes_beside_a_slow_prefetch
+    assert isinstance(raised, CannotJudge), raised
+    assert re.search(rf"warmup lane 1 \({DEFAULT_ENGINE_CASE}\): exit 125", str(raised)), str(raised)
+    assert seconds < 60  # the 120 s prefetch killed, not waited for
 
 
 @pytest.mark.parametrize("name", sorted(__import__("harness.warmup", fromlist=["PREFETCH"]).PREFETCH))
