@@ -9,29 +9,7 @@ import pathlib
 import sys
 
 import pytest
-
-
-def _hypothesis_unrewritten() -> None:
-    """pytest marks every module of an installed plugin's distribution for assertion rewriting:
-    hypothesis's 74 modules, re-parsed and re-compiled in every pytest process (the controller, each
-    xdist worker, test_xdist_default's pytest runs), since PYTHONDONTWRITEBYTECODE leaves pytest no
-    cache: ~1.5 s of CPU each on the CI cores. Only pytest's introspection of hypothesis's own
-    internal asserts is lost (they still raise). Unmarked before this file imports hypothesis
-    (its pytest plugin does not import it); a pytest without the hook's ``_must_rewrite`` set is left as is."""
-    from _pytest.assertion.rewrite import AssertionRewritingHook
-
-    if "hypothesis" in sys.modules:
-        return
-    for hook in sys.meta_path:
-        must = getattr(hook, "_must_rewrite", None) if isinstance(hook, AssertionRewritingHook) else None
-        if isinstance(must, set) and "hypothesis" in must:
-            must.discard("hypothesis")
-            getattr(hook, "_marked_for_rewrite_cache", {}).clear()
-
-
-_hypothesis_unrewritten()
-
-from hypothesis import HealthCheck, settings  # noqa: E402 (after the unmarking above)
+from hypothesis import HealthCheck, settings
 
 from harness.ci_env import ci_is_set
 from harness.runtime import apply_jit_cache, cannot_run_production_reason
