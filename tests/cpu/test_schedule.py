@@ -102,3 +102,35 @@ def test_junit_node_ids(tmp_path):
     assert junit_durations(str(tmp_path / "j.xml")) == {"tests/gpu/test_x.py::test_a[p-1]": 1.3,
                                                         "tests/gpu/test_x.py::TestK::test_b": 2.0}
     json.dumps(junit_durations(str(tmp_path / "j.xml")))
+
+
+def test_the_root_conftest_reorders_only_a_worksteal_worker_running_gpu_tests_alone():
+    """The hook itself (root conftest.py), on stand-in items: a worksteal xdist worker whose items
+    are all under tests/gpu gets ``spread``'s order; a controller, another --dist, or a run that
+    holds a CPU test keeps the collection order."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("_root_conftest_under_test", ROOT / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = load_durations(str(ROOT / "tests/gpu/durations.json"))
+    ids = sorted(d)
+
+    def items(paths_and_ids):
+        return [types.SimpleNamespace(path=ROOT / nid.split("::")[0], nodeid=nid) for nid in paths_and_ids]
+
+    def run(workerinput, dist, its):
+        cfg = types.SimpleNamespace(option=types.SimpleNamespace(dist=dist))
+        if workerinput is not None:
+            cfg.workerinput = workerinput
+        before = list(its)
+        mod._spread_the_long_gpu_tests(cfg, its)
+        return [before.index(i) for i in its]
+
+    gpu = items(ids)
+    assert run({"workercount": 6}, "worksteal", gpu) == spread(expected_costs(ids, d), 6) != list(range(len(ids)))
+    assert run(None, "worksteal", items(ids)) == list(range(len(ids)))  # the controller collects nothing
+    assert run({"workercount": 6}, "load", items(ids)) == list(range(len(ids)))
+    mixed = items(ids + ["tests/cpu/test_schedule.py::test_junit_node_ids"])
+    assert run({"workercount": 6}, "worksteal", mixed) == list(range(len(ids) + 1))
