@@ -59,7 +59,7 @@ JIT_CACHE_LAYOUT = {
 # with a bytecode cache; cProfile of a warm `harness main`: 14.3 s in `compile`). With a cache
 # root, bytecode is written under ROOT/pycache (Python validates each .pyc against its source's
 # mtime and size, so a changed source is recompiled, never served stale).
-_BYTECODE_VAR = "PYTHONPYCACHEPREFIX"
+BYTECODE_VAR = "PYTHONPYCACHEPREFIX"
 
 
 def jit_cache_env(root: str) -> dict[str, str]:
@@ -87,8 +87,8 @@ def apply_jit_cache(root: str | None = None) -> dict[str, str]:
     for var, path in jit_cache_env(root).items():
         if var not in os.environ:
             os.environ[var] = done[var] = path
-    if _BYTECODE_VAR in done:
-        _write_bytecode_under(done[_BYTECODE_VAR])
+    if BYTECODE_VAR in done:
+        _write_bytecode_under(done[BYTECODE_VAR])
     return done
 
 

@@ -86,5 +86,12 @@ if __name__ == "__main__":  # python -m harness.schedule JUNIT.xml DEST.json "wh
     import sys
 
     if len(sys.argv) != 4 or not os.path.isfile(sys.argv[1]):
-        sys.exit("usage: python -m harness.schedule JUNIT.xml DEST.json 'which run (host, commit)'")
-    record(*sys.argv[1:])
+        print("usage: python -m harness.schedule JUNIT.xml DEST.json 'which run (host, commit)'"
+              + (f": no file {sys.argv[1]}" if len(sys.argv) > 1 and not os.path.isfile(sys.argv[1]) else ""),
+              file=sys.stderr)
+        sys.exit(2)  # bad input (harness.exitcodes)
+    try:
+        record(*sys.argv[1:])
+    except (ET.ParseError, ValueError) as exc:
+        print(f"{sys.argv[1]}: not a pytest JUnit file ({exc})", file=sys.stderr)
+        sys.exit(2)

@@ -53,7 +53,7 @@ import time
 
 from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from . import runtime  # cannot_run_production_reason looked up at call time (tests patch it)
-from .runtime import JIT_CACHE_ENV, apply_jit_cache, jit_cache_env
+from .runtime import BYTECODE_VAR, JIT_CACHE_ENV, apply_jit_cache, jit_cache_env
 
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
 
@@ -195,7 +195,8 @@ def _prefetch_code(check: str, why_not: str, build: str) -> str:
 
 
 def _is_yarn(case) -> bool:
-    rope = case.hf_config().get("rope_parameters") or case.hf_config().get("rope_scaling") or {}
+    cfg = case.hf_config()
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     return "yarn" in str(rope.get("rope_type", rope.get("type", "")))
 
 
@@ -248,6 +249,12 @@ def _lane_command(cases: list[str], engine: str | None, report: str) -> list[str
     return cmd + (["--engine", engine] if engine else ["--no-engine"])
 
 
+def _last_line(log_path: str) -> str:
+    """A child's last output line (what a lane's or a prefetch's failure is named with)."""
+    with open(log_path, errors="replace") as f:
+        return (f.read().strip().splitlines() or ["no output"])[-1][:300]
+
+
 def _start_prefetch(names: list[str], tmp: str) -> list[tuple]:
     started = []
     for name in names:
@@ -264,8 +271,7 @@ def _wait_prefetch(started: list[tuple], log=print) -> list[dict]:
     steps = []
     for name, proc, out, t0 in started:
         rc = proc.wait()
-        with open(out, errors="replace") as f:
-            last = (f.read().strip().splitlines() or ["no output"])[-1][:300]
+        last = _last_line(out)
         st = {"name": name, "seconds": round(time.perf_counter() - t0, 2), "lane": "prefetch", "last_line": last}
         if rc != 0:
             st["error"] = f"exit {rc}"
@@ -309,11 +315,9 @@ def _run_waves(jobs: list[list[dict]], tmp: str, steps: list, log) -> None:
         failed = []
         for n_, lane, proc, report, out in running:
             rc = proc.wait()
-            with open(out, errors="replace") as f:
-                lines = f.read().strip().splitlines()
             if rc != 0:
                 names = ", ".join(lane["cases"] + ([lane["engine"]] if lane["engine"] else []))
-                failed.append(f"warmup lane {n_} ({names}): exit {rc}: {(lines or ['no output'])[-1][:300]}")
+                failed.append(f"warmup lane {n_} ({names}): exit {rc}: {_last_line(out)}")
                 continue
             with open(report) as f:
                 for st in json.load(f)["steps"]:
@@ -387,7 +391,7 @@ def run(args, log=print) -> dict:
 # Not packed: Python's bytecode (ROOT/pycache) is keyed by each source's path on this host, is
 # rebuilt by the next host's first process in seconds, and is the largest layer (~70 MiB for
 # torch and transformers alone on the H200 host).
-NOT_PACKED = {"PYTHONPYCACHEPREFIX"}
+NOT_PACKED = {BYTECODE_VAR}
 
 
 def pack(root: str, dest: str) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import pytest
@@ -101,7 +100,6 @@ def test_junit_node_ids(tmp_path):
         '<testcase classname="tests.gpu.test_x.TestK" name="test_b" time="2"/></testsuite></testsuites>')
     assert junit_durations(str(tmp_path / "j.xml")) == {"tests/gpu/test_x.py::test_a[p-1]": 1.3,
                                                         "tests/gpu/test_x.py::TestK::test_b": 2.0}
-    json.dumps(junit_durations(str(tmp_path / "j.xml")))
 
 
 def test_the_root_conftest_reorders_only_a_worksteal_worker_running_gpu_tests_alone():
@@ -134,3 +132,16 @@ def test_the_root_conftest_reorders_only_a_worksteal_worker_running_gpu_tests_al
     assert run({"workercount": 6}, "load", items(ids)) == list(range(len(ids)))
     mixed = items(ids + ["tests/cpu/test_schedule.py::test_junit_node_ids"])
     assert run({"workercount": 6}, "worksteal", mixed) == list(range(len(ids) + 1))
+
+
+@pytest.mark.parametrize("junit", ["missing.xml", "bad.xml"])
+def test_recording_from_bad_input_exits_2_in_one_line_and_writes_nothing(tmp_path, junit):
+    import subprocess
+    import sys
+
+    (tmp_path / "bad.xml").write_text("<testsuites><testcase")
+    dest = tmp_path / "durations.json"
+    p = subprocess.run([sys.executable, "-m", "harness.schedule", str(tmp_path / junit), str(dest), "a run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and junit in p.stderr
+    assert not dest.exists()

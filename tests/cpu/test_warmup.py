@@ -108,7 +108,9 @@ def test_pack_holds_the_layout_and_restores(tmp_path):
     with tarfile.open(dest) as tar:
         names = {n for n in tar.getnames() if n.endswith("kernel.so")}
         tar.extractall(tmp_path / "restored", filter="data")
-    packed = {var: sub for var, sub in runtime.JIT_CACHE_LAYOUT.items() if var != "PYTHONPYCACHEPREFIX"}
+    from harness.warmup import NOT_PACKED
+
+    packed = {var: sub for var, sub in runtime.JIT_CACHE_LAYOUT.items() if var not in NOT_PACKED}
     assert names == {f"{sub}/k/kernel.so" for sub in packed.values()}  # bytecode stays on its host
     for i, (var, sub) in enumerate(runtime.JIT_CACHE_LAYOUT.items()):
         if var in packed:
@@ -225,7 +227,7 @@ def failed_lanes_beside_a_slow_prefetch():
 
     lanes = [{"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(warmup.PREFETCH, "slow", (lambda case: True, "import time; time.sleep(120)"))
+        mp.setitem(warmup.PREFETCH, "slow", (lambda cases, engine: True, "import time; time.sleep(120)"))
         t0 = time.perf_counter()
         try:
             warmup.run_lanes(None, lanes, prefetch=["slow"])
@@ -268,7 +270,7 @@ def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch
     assert [s["name"] for s in steps] == list(warmup.PREFETCH)
     if runtime.cannot_run_production_reason() is not None:
         assert all("error" not in s and "nothing built" in s["last_line"] for s in steps), steps
-    monkeypatch.setitem(warmup.PREFETCH, "broken", (lambda case: True, "raise SystemExit('no such kernel')"))
+    monkeypatch.setitem(warmup.PREFETCH, "broken", (lambda cases, engine: True, "raise SystemExit('no such kernel')"))
     (st,) = warmup.run_lanes(None, [], prefetch=["broken"])
     assert st["error"] == "exit 1" and st["last_line"] == "no such kernel" and st["lane"] == "prefetch"
 
