@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     from .exitcodes import run_guarded
     from .runtime import apply_jit_cache
 
+    # $HYV4_JIT_CACHE: every JIT layer under one root, before torch is first imported (the
+    # parser imports it): a module imported earlier never reads the bytecode cached there
+    apply_jit_cache()
     args = build_parser().parse_args(argv)
-    apply_jit_cache()  # $HYV4_JIT_CACHE: every JIT layer under one root (before vLLM is imported)
     return run_guarded(args.func, args, debug=args.debug)

@@ -17,7 +17,17 @@ Everything here imports vLLM lazily, so ``import harness.production`` works on
 machines without vLLM or CUDA (the GPU tests skip there).
 """
 
-from .module.checkpoint_cast import cast_for_vllm
-from .module.runner import ProductionSession, run_production
-
 __all__ = ["ProductionSession", "cast_for_vllm", "run_production"]
+
+
+def __getattr__(name):
+    """The API, imported on first use: importing the package (as ``python -m
+    harness.production.*`` does before its module runs) imports no torch, so those entry points
+    can apply ``$HYV4_JIT_CACHE`` first (``harness.runtime.apply_jit_cache``)."""
+    if name == "cast_for_vllm":
+        from .module.checkpoint_cast import cast_for_vllm
+        return cast_for_vllm
+    if name in ("ProductionSession", "run_production"):
+        from .module import runner
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

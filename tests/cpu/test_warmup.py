@@ -94,6 +94,30 @@ def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path)
     assert not any(src.rglob("*.pyc"))  # nothing beside the sources
 
 
+@pytest.mark.parametrize("module", ["harness", "harness.production.engine", "harness.production.side_by_side",
+                                    "harness.production.goldens_gpu"])
+def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module):
+    """Every documented entry point applies $HYV4_JIT_CACHE before torch is first imported: a
+    module imported before ``sys.pycache_prefix`` is set is compiled from source on every run
+    (on the H200s, which set PYTHONDONTWRITEBYTECODE and ship torch without .pyc files, that was
+    ~1200 torch modules per ``python -m harness main``). The child stops at torch's import."""
+    code = ("import os, runpy, sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, flush=True)\n"
+            "            os._exit(0)\n"
+            "sys.meta_path.insert(0, Stop())\n"
+            f"sys.argv = [{module!r}, 'main']\n"
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+    root = tmp_path / "root"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", runtime.JIT_CACHE_ENV: str(root), "PYTHONPATH": str(ROOT)}
+    for var in runtime.JIT_CACHE_LAYOUT:
+        env.pop(var, None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert f"PREFIX {root / 'pycache'} False" in out.stdout, (module, out.stdout[-500:], out.stderr[-1500:])
+
+
 def test_pack_holds_the_layout_and_restores(tmp_path):
     from harness.warmup import pack
 
