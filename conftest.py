@@ -117,6 +117,9 @@ def pytest_configure(config):
     apply_jit_cache()  # $HYV4_JIT_CACHE: the GPU stack's JIT caches under one root (harness warmup fills it)
     if hasattr(config, "workerinput"):
         _share_the_host(config.workerinput)
+    if os.environ.get("HYV4_TIMELINE"):  # where the wall time goes, per process (harness.timeline)
+        from harness.timeline import Recorder
+        config.pluginmanager.register(Recorder(config, os.environ["HYV4_TIMELINE"]), "hyv4-timeline")
     profile = (config.getoption("--hypothesis-profile-name")
                or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
     settings.load_profile(profile)

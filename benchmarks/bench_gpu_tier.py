@@ -35,6 +35,9 @@ import time
 import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from harness.timeline import format_summary, summarize  # noqa: E402  (imports nothing heavy)
+
 STEPS = ("warmup-cold", "warmup-warm", "warmup-kept", "tier", "main", "bisect", "draft-step", "cpu-tier")
 # issue 13's targets, seconds (draft-step: the reference/production ratio)
 TARGETS = {"tier_cold_s": 300.0, "tier_warm_s": 120.0, "main_warm_s": 20.0, "bisect_warm_s": 60.0,
@@ -98,11 +101,15 @@ def main(argv=None) -> int:
             junit = out / "tier-junit.xml"
             evidence = out / "tier-evidence"  # per-test JSON/JSONL: engine reports, mutant lines
             evidence.mkdir(exist_ok=True)
-            tier_env = {"HYV4_GPU_OUT": str(evidence), "HYV4_REPORT_DIR": str(evidence), **env}
+            timeline = out / "tier-timeline"  # per process: start-up, collection, busy, idle (harness.timeline)
+            shutil.rmtree(timeline, ignore_errors=True)
+            tier_env = {"HYV4_GPU_OUT": str(evidence), "HYV4_REPORT_DIR": str(evidence), "HYV4_TIMELINE": str(timeline),
+                        **env}
             rc, secs = _run([py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rfE",
                              "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_multigpu.py",
                              f"--junitxml={junit}"], out / "tier.log", tier_env)
-            record("tier", rc, secs, workers=a.workers, cases=_junit_cases(junit) if junit.exists() else None)
+            record("tier", rc, secs, workers=a.workers, cases=_junit_cases(junit) if junit.exists() else None,
+                   timeline=summarize(str(timeline)) if timeline.is_dir() else None)
         elif s == "main":
             rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main.json")], out / "main.log", env)
             record("main", rc, secs)
@@ -160,6 +167,9 @@ def print_table(res: dict) -> None:
         print("\nslowest GPU tests (warm, under xdist):")
         for name, t in sorted(tier.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {t:7.1f} s  {name}")
+    if res.get("tier", {}).get("timeline"):
+        print("\nGPU tier, per pytest process (harness.timeline):")
+        print("\n".join("  " + ln for ln in format_summary(res["tier"]["timeline"])))
 
 
 if __name__ == "__main__":

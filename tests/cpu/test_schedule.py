@@ -63,9 +63,10 @@ def test_spread_is_a_permutation_that_balances_the_slices(costs, n):
 
 
 def test_the_measured_tier_no_longer_starts_the_engine_tests_on_one_worker():
-    """The measured tier (durations.json): in collection order the 4 engine tests shared worker 0's
-    slice (~200 s of the 194 s wall); spread over 6 workers no slice holds more than the
-    longest test plus the balanced share."""
+    """The measured tier (durations.json): in collection order the 4 engine tests share worker 0's
+    slice (~200 s of the 194 s wall in the run of 2026-12-02; ~138 s of 67 s balanced in the run
+    of 2026-12-02b); spread over 6 workers no slice holds more than the longest test plus the
+    balanced share."""
     d = load_durations(str(ROOT / "tests/gpu/durations.json"))
     assert len(d) >= 60
     ids = sorted(d)  # the files in collection order (alphabetically); the engine tests first
@@ -79,7 +80,7 @@ def test_the_measured_tier_no_longer_starts_the_engine_tests_on_one_worker():
             start += size
         return out
 
-    assert max(slice_loads(list(range(len(ids))))) > 190
+    assert max(slice_loads(list(range(len(ids))))) > 2 * sum(costs) / 6
     assert max(slice_loads(spread(costs, 6))) <= sum(costs) / 6 + max(costs)
 
 

@@ -1,0 +1,95 @@
+"""harness.timeline: the per-process record of a pytest run (where the GPU tier's wall time goes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from harness import timeline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _recorder(tmp_path, monkeypatch, who, clock, controller=False):
+    monkeypatch.setattr(timeline.time, "time", lambda: clock[0])
+    monkeypatch.setattr(timeline, "process_start_epoch", lambda: clock[0] - 5.0)
+    cfg = types.SimpleNamespace(pluginmanager=types.SimpleNamespace(has_plugin=lambda name: controller))
+    if who != "main":
+        cfg.workerinput = {"workerid": who}
+    return timeline.Recorder(cfg, str(tmp_path))
+
+
+def test_a_recorded_run_summarizes_per_process(tmp_path, monkeypatch):
+    """Two workers and the controller: start-up from /proc's process start, busy = the sum of
+    test spans, idle = the gaps between them, the critical process is the one that finished last;
+    the controller records no tests (it only relays its workers' reports)."""
+    clock = [100.0]
+    ctl = _recorder(tmp_path, monkeypatch, "main", clock, controller=True)
+    clock[0] = 102.0
+    w = {g: _recorder(tmp_path, monkeypatch, g, clock) for g in ("gw0", "gw1")}
+    clock[0] = 110.0
+    for r in w.values():
+        r.pytest_collection_finish(types.SimpleNamespace(items=[1, 2]))
+    for who, nodeid, start, stop in (("gw0", "a", 111, 121), ("gw0", "b", 123, 126), ("gw1", "c", 112, 140)):
+        clock[0] = start
+        w[who].pytest_runtest_logstart(nodeid, None)
+        ctl.pytest_runtest_logstart(nodeid, None)
+        clock[0] = stop
+        w[who].pytest_runtest_logfinish(nodeid, None)
+        ctl.pytest_runtest_logfinish(nodeid, None)
+    clock[0] = 141.0
+    for r in (*w.values(), ctl):
+        r.pytest_sessionfinish(None)
+    s = timeline.summarize(str(tmp_path))
+    gw0, gw1, main = (s["processes"][k] for k in ("gw0", "gw1", "main"))
+    assert (gw0["process_s"], gw0["configured_s"], gw0["collected_s"], gw0["first_test_s"]) == (2.0, 7.0, 15.0, 16.0)
+    assert (gw0["tests"], gw0["busy_s"], gw0["idle_s"], gw0["last_finish_s"], gw0["last_test"]) == (2, 13.0, 2.0, 31.0, "b")
+    assert (gw1["tests"], gw1["busy_s"], gw1["idle_s"], gw1["last_finish_s"]) == (1, 28.0, 0.0, 45.0)
+    assert main["tests"] == 0 and main["process_s"] == 0.0 and main["end_s"] == 46.0
+    assert s["critical"] == "gw1"
+    table = timeline.format_summary(s)
+    assert len(table) == 4 and table[1].startswith("main") and table[-1].endswith("<- critical")
+
+
+def test_a_line_cut_by_a_kill_is_skipped(tmp_path):
+    (tmp_path / "gw0.jsonl").write_text(
+        json.dumps({"who": "gw0", "event": "process", "t": 1.0}) + "\n"
+        + json.dumps({"who": "gw0", "event": "start", "nodeid": "x", "t": 2.0}) + "\n" + '{"who": "gw0", "ev')
+    s = timeline.summarize(str(tmp_path))
+    assert s["processes"]["gw0"]["first_test_s"] == 1.0 and s["processes"]["gw0"]["tests"] == 0
+    assert s["critical"] is None  # nothing finished
+
+
+def test_process_start_is_before_now():
+    import time
+
+    t = timeline.process_start_epoch()
+    if t is None:
+        pytest.skip("no /proc here")
+    assert time.time() - 3600 < t <= time.time()
+
+
+def test_the_root_conftest_records_a_run_and_the_command_prints_it(tmp_path):
+    """The root conftest registers the recorder when $HYV4_TIMELINE is set (a real pytest run, one
+    process); ``python -m harness.timeline`` prints its summary, and exits 2 in one line on a
+    directory without records."""
+    env = {**os.environ, timeline.ENV: str(tmp_path / "tl"), "PYTHONPATH": ROOT}
+    node = "tests/cpu/test_timeline.py::test_a_line_cut_by_a_kill_is_skipped"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", node],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:]
+    events = [json.loads(ln) for ln in (tmp_path / "tl" / "main.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["process", "configured", "collected", "start", "finish", "end"]
+    assert events[3]["nodeid"] == node
+    out = subprocess.run([sys.executable, "-m", "harness.timeline", str(tmp_path / "tl")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "<- critical" in out.stdout.splitlines()[1]
+    (tmp_path / "empty").mkdir()
+    bad = subprocess.run([sys.executable, "-m", "harness.timeline", str(tmp_path / "empty")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "empty" in bad.stderr
