@@ -184,13 +184,23 @@ def pytest_collection_modifyitems(config, items):
     _spread_the_long_gpu_tests(config, items)
 
 
+_DIST_KEY = "hyv4_dist"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's controller, for each worker it starts: the worker's own config says ``dist="no"``
+    (xdist resets it there), so ``_spread_the_long_gpu_tests`` reads the real mode from here."""
+    node.workerinput[_DIST_KEY] = getattr(node.config.option, "dist", None)
+
+
 def _spread_the_long_gpu_tests(config, items) -> None:
     """Under worksteal, each xdist worker starts with a slice of about the same expected seconds
     (``harness.schedule``, costs from ``tests/gpu/durations.json``); only a run of GPU tests
     alone (.ci/gpu-tier) is reordered, the CPU tier keeps its module order."""
     wi = getattr(config, "workerinput", None)
     gpu_dir = pathlib.Path(__file__).parent / "tests" / "gpu"
-    if not wi or getattr(config.option, "dist", None) != "worksteal" or not items or not all(
+    if not wi or wi.get(_DIST_KEY) != "worksteal" or not items or not all(
             pathlib.Path(str(it.path)).parent == gpu_dir for it in items):
         return
     from harness.schedule import expected_costs, load_durations, spread

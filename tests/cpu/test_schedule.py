@@ -120,9 +120,9 @@ def test_the_root_conftest_reorders_only_a_worksteal_worker_running_gpu_tests_al
         return [types.SimpleNamespace(path=ROOT / nid.split("::")[0], nodeid=nid) for nid in paths_and_ids]
 
     def run(workerinput, dist, its):
-        cfg = types.SimpleNamespace(option=types.SimpleNamespace(dist=dist))
-        if workerinput is not None:
-            cfg.workerinput = workerinput
+        cfg = types.SimpleNamespace(option=types.SimpleNamespace(dist="no"))  # as xdist sets it on a worker
+        if workerinput is not None:  # the controller's mode, as the root conftest's pytest_configure_node sends it
+            cfg.workerinput = {**workerinput, mod._DIST_KEY: dist}
         before = list(its)
         mod._spread_the_long_gpu_tests(cfg, its)
         return [before.index(i) for i in its]
@@ -146,3 +146,26 @@ def test_recording_from_bad_input_exits_2_in_one_line_and_writes_nothing(tmp_pat
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and junit in p.stderr
     assert not dest.exists()
+
+
+def test_a_worker_learns_the_controllers_dist_mode_from_its_workerinput():
+    """On a worker, xdist resets ``config.option.dist`` to "no" (the installed xdist's own
+    ``setup_config``), so the reorder hook cannot read the mode there: the root conftest's
+    ``pytest_configure_node`` (run by the controller for each worker it starts) puts it in the
+    worker's input. Lease 2026-12-02b's timeline showed the tier in collection order before."""
+    import importlib.util
+    import types
+
+    from xdist.remote import setup_config
+
+    cfg = types.SimpleNamespace(option=types.SimpleNamespace(dist="worksteal"), getvalue=lambda name: "worksteal")
+    setup_config(cfg, None)
+    assert cfg.option.dist == "no"
+    spec = importlib.util.spec_from_file_location("_root_conftest_node", ROOT / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for dist in ("worksteal", "load"):
+        node = types.SimpleNamespace(config=types.SimpleNamespace(option=types.SimpleNamespace(dist=dist)),
+                                     workerinput={"workerid": "gw0"})
+        mod.pytest_configure_node(node)
+        assert node.workerinput == {"workerid": "gw0", mod._DIST_KEY: dist}
