@@ -241,10 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every error is one line and a contract exit code (``harness.exitcodes``)."""
     from .exitcodes import run_guarded
-    from .runtime import apply_jit_cache
+    from .runtime import apply_jit_cache, precompile_bytecode
 
     # $HYV4_JIT_CACHE: every JIT layer under one root, before torch is first imported (the
     # parser imports it): a module imported earlier never reads the bytecode cached there
     apply_jit_cache()
+    precompile_bytecode()  # a cold bytecode layer on a many-core host: all at once, not one by one
     args = build_parser().parse_args(argv)
     return run_guarded(args.func, args, debug=args.debug)

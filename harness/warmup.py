@@ -331,6 +331,7 @@ def run(args, log=print) -> dict:
     """Warm every step (with ``--if-cold`` only those the stamp lacks); the report (per-step
     seconds, the steps skipped as warm, cache root and size)."""
     set_vars = apply_jit_cache(args.cache)
+    runtime.precompile_bytecode()  # --cache DIR: its bytecode layer (cli.main did $HYV4_JIT_CACHE's)
     root = os.environ.get(JIT_CACHE_ENV)
     reason = runtime.cannot_run_production_reason()
     if reason:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -101,21 +102,53 @@ def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module):
     module imported before ``sys.pycache_prefix`` is set is compiled from source on every run
     (on the H200s, which set PYTHONDONTWRITEBYTECODE and ship torch without .pyc files, that was
     ~1200 torch modules per ``python -m harness main``). The child stops at torch's import."""
+    pkg = tmp_path / "src" / "stand_in_pkg"  # stands for torch / vLLM / transformers in the precompile
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
     code = ("import os, runpy, sys\n"
+            "from harness import runtime\n"
+            "runtime.PRECOMPILE_PACKAGES, runtime.PRECOMPILE_MIN_CPUS = ('stand_in_pkg',), 1\n"
             "class Stop:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'torch':\n"
-            "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, flush=True)\n"
+            "            pre = os.path.join(sys.pycache_prefix or '', runtime.PRECOMPILED)\n"
+            "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, os.path.exists(pre), flush=True)\n"
             "            os._exit(0)\n"
             "sys.meta_path.insert(0, Stop())\n"
             f"sys.argv = [{module!r}, 'main']\n"
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
     root = tmp_path / "root"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", runtime.JIT_CACHE_ENV: str(root), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", runtime.JIT_CACHE_ENV: str(root),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path / "src")])}
     for var in runtime.JIT_CACHE_LAYOUT:
         env.pop(var, None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert f"PREFIX {root / 'pycache'} False" in out.stdout, (module, out.stdout[-500:], out.stderr[-1500:])
+    precompiled = module == "harness"  # the python -m harness.production.* shims leave it to their callers
+    assert f"PREFIX {root / 'pycache'} False {precompiled}" in out.stdout, (module, out.stdout[-500:], out.stderr[-1500:])
+
+
+def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
+    """A cold bytecode layer on a many-core host: every source of the named packages compiled into
+    the layer at once, a marker per package directory and Python; nothing again once done, nothing
+    without a layer or below the core count, a package that is not installed skipped."""
+    pkg = tmp_path / "src" / "stand_in_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "a.py", "sub/__init__.py", "sub/b.py"):
+        (pkg / f).write_text("X = 1\n")
+    (pkg / "broken.py").write_text("def (:\n")  # left to the import that needs it
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # no layer
+    layer = tmp_path / "layer"
+    monkeypatch.setattr(sys, "pycache_prefix", str(layer))
+    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=10 ** 6) == []  # too few cores
+    assert runtime.precompile_bytecode(("stand_in_pkg", "no_such_pkg_hyv4"), min_cpus=1) == [str(pkg)]
+    compiled = sorted(p.name.split(".")[0] for p in (layer / str(pkg).lstrip(os.sep)).rglob("*.pyc"))
+    assert compiled == ["__init__", "__init__", "a", "b"] and not any(pkg.rglob("*.pyc"))
+    assert json.loads((layer / runtime.PRECOMPILED).read_text()) == {str(pkg): sys.version}
+    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # done before
+    (layer / runtime.PRECOMPILED).write_text(json.dumps({str(pkg): "another Python"}))
+    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
 
 
 def test_pack_holds_the_layout_and_restores(tmp_path):
