@@ -125,6 +125,7 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
     import os
     import subprocess
     import sys
+    import time
 
     packages = PRECOMPILE_PACKAGES if packages is None else packages
     min_cpus = PRECOMPILE_MIN_CPUS if min_cpus is None else min_cpus
@@ -148,14 +149,20 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
                 todo.append(d)
     if not todo:
         return []
-    os.makedirs(prefix, exist_ok=True)
     env = {**os.environ, BYTECODE_VAR: prefix}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", *todo], env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    done.update({d: sys.version for d in todo})
-    tmp = f"{marker}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(done, f, indent=1)
-    os.replace(tmp, marker)
+    t0 = time.perf_counter()
+    try:  # an optimisation only: where the layer cannot be written, imports compile as before
+        os.makedirs(prefix, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", *todo], env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        done.update({d: sys.version for d in todo})
+        tmp = f"{marker}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(done, f, indent=1)
+        os.replace(tmp, marker)
+    except OSError:
+        return []
+    print(f"bytecode: compiled {len(todo)} package dir(s) into {prefix} in {time.perf_counter() - t0:.1f} s "
+          f"({os.cpu_count()} cores): {', '.join(todo)}", file=sys.stderr, flush=True)
     return todo

@@ -81,9 +81,13 @@ def summarize(directory: str) -> dict:
     for p in sorted(pathlib.Path(directory).glob("*.jsonl")):
         for ln in p.read_text().splitlines():
             try:
-                events.append(json.loads(ln))
+                e = json.loads(ln)
             except ValueError:
                 continue  # a line cut by a kill
+            if isinstance(e, dict) and isinstance(e.get("who"), str) and isinstance(e.get("event"), str) and (
+                    e.get("t") is None or isinstance(e["t"], (int, float))) and (
+                    e["event"] not in ("start", "finish") or isinstance(e.get("nodeid"), str)):
+                events.append(e)  # anything else is not a record of ours
     starts = [e["t"] for e in events if e.get("event") == "process" and e.get("t")]
     t0 = min(starts or [e["t"] for e in events if e.get("t")] or [0.0])
     procs: dict[str, dict] = {}

@@ -56,10 +56,11 @@ def test_a_recorded_run_summarizes_per_process(tmp_path, monkeypatch):
     assert len(table) == 4 and table[1].startswith("main") and table[-1].endswith("<- critical")
 
 
-def test_a_line_cut_by_a_kill_is_skipped(tmp_path):
+def test_a_line_cut_by_a_kill_or_not_ours_is_skipped(tmp_path):
     (tmp_path / "gw0.jsonl").write_text(
         json.dumps({"who": "gw0", "event": "process", "t": 1.0}) + "\n"
-        + json.dumps({"who": "gw0", "event": "start", "nodeid": "x", "t": 2.0}) + "\n" + '{"who": "gw0", "ev')
+        + json.dumps({"who": "gw0", "event": "start", "nodeid": "x", "t": 2.0}) + "\n"
+        + '[1, 2]\n{"who": "gw0", "event": "finish", "t": "late"}\n{"event": "end"}\n' + '{"who": "gw0", "ev')
     s = timeline.summarize(str(tmp_path))
     assert s["processes"]["gw0"]["first_test_s"] == 1.0 and s["processes"]["gw0"]["tests"] == 0
     assert s["critical"] is None  # nothing finished
@@ -79,7 +80,7 @@ def test_the_root_conftest_records_a_run_and_the_command_prints_it(tmp_path):
     process); ``python -m harness.timeline`` prints its summary, and exits 2 in one line on a
     directory without records."""
     env = {**os.environ, timeline.ENV: str(tmp_path / "tl"), "PYTHONPATH": ROOT}
-    node = "tests/cpu/test_timeline.py::test_a_line_cut_by_a_kill_is_skipped"
+    node = "tests/cpu/test_timeline.py::test_a_line_cut_by_a_kill_or_not_ours_is_skipped"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", node],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:]

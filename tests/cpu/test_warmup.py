@@ -149,6 +149,10 @@ def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
     assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # done before
     (layer / runtime.PRECOMPILED).write_text(json.dumps({str(pkg): "another Python"}))
     assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setattr(sys, "pycache_prefix", str(blocked / "pycache"))  # a layer that cannot be written
+    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []
 
 
 def test_pack_holds_the_layout_and_restores(tmp_path):
