@@ -120,8 +120,11 @@ def test_pack_holds_the_layout_and_restores(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "jit.tar.gz", "restored"]  # no temp left
 
 
-# tests/cpu/conftest.py runs it in the xdist worker that imports vLLM anyway
-VLLM_IN_PROCESS = {"test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request"}
+# tests/cpu/conftest.py runs them in the xdist worker that imports vLLM anyway: the engine arguments,
+# and the prefetch programs' imports (vllm.utils.flashinfer, vLLM's sampler, flashinfer: ~19 s of CPU in
+# a worker without vLLM, ~4 s in one that has imported vLLM's MTP model already)
+VLLM_IN_PROCESS = {"test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request",
+                   "test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold"}
 
 
 @pytest.mark.parametrize("gib", [None, "4", "0.5"])
