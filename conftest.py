@@ -3,6 +3,8 @@ hypothesis profiles, xdist workers for the CPU tier."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import glob
 import os
 import pathlib
@@ -111,6 +113,8 @@ def pytest_report_header(config):
 
 
 def pytest_configure(config):
+    _quiet_gc_while_collecting(config)
+    _keep_freed_memory_mapped()
     if config.getoption("--update-goldens") and ci_is_set():
         raise pytest.UsageError(f"--update-goldens is refused when CI is set (CI={os.environ.get('CI')!r}): "
                                 "goldens are regenerated on purpose, by a person")
@@ -123,6 +127,93 @@ def pytest_configure(config):
     profile = (config.getoption("--hypothesis-profile-name")
                or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
     settings.load_profile(profile)
+
+
+# ---- large tensors: reuse freed memory instead of faulting in fresh pages -----------------------------
+# glibc serves every allocation over 32 MiB (the reference's float64 KV gathers and traces: up to ~120 MB
+# each, allocated and freed thousands of times) with a fresh mmap and returns it with munmap on free, so
+# each one faults in its pages again: ~15 of the ~50 CPU-s of test_production_fp8_prep were the kernel's
+# page faults. In a pytest process (not its subprocesses) glibc is told to serve them from the heap
+# (mallopt M_MMAP_MAX=0) and to keep up to 1 GiB of freed memory at its top (M_TRIM_THRESHOLD), so a freed
+# buffer is reused. Only where the allocator happens to be glibc's; the values computed are the same
+# (peak RSS of that file: ~1.65 -> ~1.9 GB).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def _keep_freed_memory_mapped() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # glibc (musl has neither)
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    mallopt(_M_MMAP_MAX, 0)
+
+
+# ---- the cyclic GC and the imported modules ----------------------------------------------------------
+# Importing torch, hypothesis, the test modules (collection) and later vLLM grows the heap by millions of
+# long-lived objects; each growth step triggers a full collection that walks all of them and frees next
+# to nothing (~0.5 s each, ~10 s of CPU per xdist worker in all, the session's closing collections
+# included). So the cyclic GC is paused while a process collects, and what exists once collection is done
+# (modules, functions, collected items) is moved out of its reach with gc.freeze(); likewise what a test
+# module's own imports added (vLLM), at that module's end. Reference counting still frees every
+# non-cyclic object, and the GC still runs on everything created after a freeze (each test's objects).
+
+def _quiet_gc_while_collecting(config) -> None:
+    if gc.isenabled():
+        gc.disable()
+        config.add_cleanup(gc.enable)  # whatever happens to the run
+        config.stash[_GC_PAUSED_KEY] = True
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        _settle_the_heap(config)  # the xdist controller collects nothing
+
+
+def _settle_the_heap(config) -> None:
+    gc.freeze()
+    config.stash[_MODULES_AT_FREEZE_KEY] = len(sys.modules)
+    if config.stash.get(_GC_PAUSED_KEY, False):
+        config.stash[_GC_PAUSED_KEY] = False
+        gc.enable()
+
+
+_GC_PAUSED_KEY = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    _settle_the_heap(session.config)
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are gone
+def pytest_runtest_teardown(item, nextitem):
+    if len(sys.modules) > item.config.stash.get(_MODULES_AT_FREEZE_KEY, 0) + 100:
+        gc.freeze()  # the test imported a lot (vLLM, flashinfer): long-lived, out of the GC's walk
+        item.config.stash[_MODULES_AT_FREEZE_KEY] = len(sys.modules)
+
+
+_MODULES_AT_FREEZE_KEY = pytest.StashKey[int]()
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+@pytest.fixture(scope="session")
+def gc_paused():
+    """``with gc_paused(): import vllm...``: a heavy import without the full collections its growth
+    triggers (~2 s of CPU for vLLM's model modules); what it imported is frozen afterwards."""
+    return _gc_paused
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -65,7 +65,8 @@ def attend(cfg: MTPConfig, lw: dict, q: torch.Tensor, kv_c: torch.Tensor, k_pe: 
     w_uk, w_uv = w[:, :dn, :], w[:, dn:, :]
     # Absorb W_UK into the query (a bf16 bmm in production).
     q_lat = num.store(torch.einsum("...hd,hdl->...hl", num.up(q[..., :dn]), num.up(w_uk)))
-    logits = (num.up(q_lat) @ num.up(kv_c).transpose(-1, -2)
+    kv_c = num.up(kv_c)  # [..., S, Lkv] in the accumulation dtype, once (the largest operand here)
+    logits = (num.up(q_lat) @ kv_c.transpose(-1, -2)
               + num.up(q[..., dn:]) @ num.up(k_pe).transpose(-1, -2))
     logits = logits.to(num.fp32) * cfg.softmax_scale  # [..., nh, S]
     if valid is not None:
@@ -79,7 +80,7 @@ def attend(cfg: MTPConfig, lw: dict, q: torch.Tensor, kv_c: torch.Tensor, k_pe: 
         p = torch.softmax(logits, dim=-1)
     if valid is not None:
         p = p.masked_fill(~valid[..., None, :], 0.0)  # a query with no key at all: p = 0, not NaN
-    o_lat = num.store(p @ num.up(kv_c).to(p.dtype))  # [..., nh, Lkv]
+    o_lat = num.store(p @ kv_c.to(p.dtype))  # [..., nh, Lkv]
     core = torch.einsum("...hl,hvl->...hv", num.up(o_lat), num.up(w_uv))
     return num.store(core).reshape(*q.shape[:-2], nh * dv)
 

@@ -83,8 +83,14 @@ class DraftCache:
             raise UnwrittenKVError(
                 f"MTP layer {layer}, request {lr}: draft KV at position(s) "
                 f"{at[:8].tolist()} was never written (vLLM would read stale cache)")
-        return torch.where(wanted.reshape(*wanted.shape, *[1] * (slot[name].dim() - 2)),
-                           slot[name][r, p], 0)
+        # one gather from the entries plus a zero row (index cap_r * cap_p) that every -1 reads:
+        # the same values as torch.where(wanted, entries[r, p], 0) without a second pass over the
+        # [T, S, ...] result (the float64 KV reads are the reference's largest tensors)
+        store = slot[name]
+        rest = store.shape[2:]
+        flat = torch.cat([store.reshape(cap_r * cap_p, *rest), store.new_zeros((1, *rest))])
+        idx = torch.where(wanted, r * cap_p + p, cap_r * cap_p)
+        return flat.index_select(0, idx.reshape(-1)).reshape(*positions.shape, *rest)
 
     def invalidate(self, layer: int, request: int, positions) -> None:
         """Mark entries at ``positions`` as not written (content that must never be read,

@@ -32,11 +32,12 @@ VLLM_IN_PROCESS = True  # tests/cpu/conftest.py runs this module in the worker t
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _vllm_modules():
+def _vllm_modules(gc_paused):
     global mtp, quant_utils, deepseek_v2
-    mtp = pytest.importorskip("vllm.models.hy_v4.nvidia.mtp", reason="vLLM's HY V4 MTP module does not import here")
-    quant_utils = pytest.importorskip("vllm.model_executor.layers.quantization.utils.quant_utils")
-    deepseek_v2 = pytest.importorskip("vllm.model_executor.models.deepseek_v2")
+    with gc_paused():
+        mtp = pytest.importorskip("vllm.models.hy_v4.nvidia.mtp", reason="vLLM's HY V4 MTP module does not import here")
+        quant_utils = pytest.importorskip("vllm.model_executor.layers.quantization.utils.quant_utils")
+        deepseek_v2 = pytest.importorskip("vllm.model_executor.models.deepseek_v2")
 
 VOCAB = 128
 

@@ -181,8 +181,11 @@ def test_pack_holds_the_layout_and_restores(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "jit.tar.gz", "restored"]  # no temp left
 
 
-# tests/cpu/conftest.py runs it in the xdist worker that imports vLLM anyway
-VLLM_IN_PROCESS = {"test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request"}
+# tests/cpu/conftest.py runs them in the xdist worker that imports vLLM anyway: the engine arguments,
+# and the prefetch programs' imports (vllm.utils.flashinfer, vLLM's sampler, flashinfer: ~19 s of CPU in
+# a worker without vLLM, ~4 s in one that has imported vLLM's MTP model already)
+VLLM_IN_PROCESS = {"test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request",
+                   "test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold"}
 
 
 @pytest.mark.parametrize("gib", [None, "4", "0.5"])
@@ -347,7 +350,7 @@ def test_a_failed_lane_stops_the_prefetches(failed_lanes_beside_a_slow_prefetch)
 
 
 @pytest.mark.parametrize("name", sorted(__import__("harness.warmup", fromlist=["PREFETCH"]).PREFETCH))
-def test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold(name):
+def test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold(name, gc_paused):
     """Every ``from M import F`` of a prefetch program resolves in the installed packages (a
     rename upstream fails here, not as a silent prefetch error on a GPU host)."""
     import ast
@@ -359,6 +362,7 @@ def test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold(name):
     imports = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.ImportFrom)]
     assert len(imports) >= 1
     for node in imports:
-        mod = importlib.import_module(node.module)
+        with gc_paused():  # flashinfer's modules: a heavy import
+            mod = importlib.import_module(node.module)
         for alias in node.names:
             assert callable(getattr(mod, alias.name)), f"{node.module}.{alias.name}"
