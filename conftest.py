@@ -113,8 +113,7 @@ def pytest_report_header(config):
 
 
 def pytest_configure(config):
-    _quiet_gc_while_collecting(config)
-    _keep_freed_memory_mapped()
+    _tune_a_cpu_host_process(config)
     if config.getoption("--update-goldens") and ci_is_set():
         raise pytest.UsageError(f"--update-goldens is refused when CI is set (CI={os.environ.get('CI')!r}): "
                                 "goldens are regenerated on purpose, by a person")
@@ -127,6 +126,16 @@ def pytest_configure(config):
     profile = (config.getoption("--hypothesis-profile-name")
                or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
     settings.load_profile(profile)
+
+
+def _tune_a_cpu_host_process(config) -> None:
+    """The CPU tier's process-level speed-ups (below), on a host without a GPU. A GPU host's pytest
+    processes keep Python's and glibc's defaults: a frozen garbage cycle that holds CUDA memory (an
+    engine torn down in the test that imported vLLM) would never be freed, and glibc's heap would
+    keep the host copies of real-dims weights; neither has been run on a GPU."""
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        _quiet_gc_while_collecting(config)
+        _keep_freed_memory_mapped()
 
 
 # ---- large tensors: reuse freed memory instead of faulting in fresh pages -----------------------------
@@ -163,6 +172,7 @@ def _keep_freed_memory_mapped() -> None:
 # non-cyclic object, and the GC still runs on everything created after a freeze (each test's objects).
 
 def _quiet_gc_while_collecting(config) -> None:
+    config.stash[_GC_TUNED_KEY] = True
     if gc.isenabled():
         gc.disable()
         config.add_cleanup(gc.enable)  # whatever happens to the run
@@ -180,15 +190,19 @@ def _settle_the_heap(config) -> None:
 
 
 _GC_PAUSED_KEY = pytest.StashKey[bool]()
+_GC_TUNED_KEY = pytest.StashKey[bool]()  # this process pauses / freezes (pytest_configure decides)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
-    _settle_the_heap(session.config)
+    if session.config.stash.get(_GC_TUNED_KEY, False):
+        _settle_the_heap(session.config)
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are gone
 def pytest_runtest_teardown(item, nextitem):
+    if not item.config.stash.get(_GC_TUNED_KEY, False):
+        return
     if len(sys.modules) > item.config.stash.get(_MODULES_AT_FREEZE_KEY, 0) + 100:
         gc.freeze()  # the test imported a lot (vLLM, flashinfer): long-lived, out of the GC's walk
         item.config.stash[_MODULES_AT_FREEZE_KEY] = len(sys.modules)
