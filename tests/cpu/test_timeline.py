@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import types
 
 import pytest
 
 from harness import timeline
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def _recorder(tmp_path, monkeypatch, who, clock, controller=False):
     monkeypatch.setattr(timeline.time, "time", lambda: clock[0])
@@ -75,22 +69,18 @@ def test_process_start_is_before_now():
     assert time.time() - 3600 < t <= time.time()
 
 
-def test_the_root_conftest_records_a_run_and_the_command_prints_it(tmp_path):
-    """The root conftest registers the recorder when $HYV4_TIMELINE is set (a real pytest run, one
-    process); ``python -m harness.timeline`` prints its summary, and exits 2 in one line on a
-    directory without records."""
-    env = {**os.environ, timeline.ENV: str(tmp_path / "tl"), "PYTHONPATH": ROOT}
-    node = "tests/cpu/test_timeline.py::test_a_line_cut_by_a_kill_or_not_ours_is_skipped"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", node],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout[-2000:]
-    events = [json.loads(ln) for ln in (tmp_path / "tl" / "main.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["process", "configured", "collected", "start", "finish", "end"]
-    assert events[3]["nodeid"] == node
-    out = subprocess.run([sys.executable, "-m", "harness.timeline", str(tmp_path / "tl")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "<- critical" in out.stdout.splitlines()[1]
+def test_the_command_prints_a_summary_and_exits_2_on_a_directory_without_records(tmp_path, capsys):
+    """``python -m harness.timeline DIR``; the root conftest's recording in real pytest and xdist
+    processes: ``test_xdist_default.test_workers_and_no_xdist_end_to_end``."""
+    (tmp_path / "tl").mkdir()
+    (tmp_path / "tl" / "main.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (
+        {"who": "main", "event": "process", "t": 1.0}, {"who": "main", "event": "start", "nodeid": "a", "t": 2.0},
+        {"who": "main", "event": "finish", "nodeid": "a", "t": 3.5})))
+    assert timeline.main([str(tmp_path / "tl")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("main") and out[1].endswith("<- critical") and "1.5" in out[1]
     (tmp_path / "empty").mkdir()
-    bad = subprocess.run([sys.executable, "-m", "harness.timeline", str(tmp_path / "empty")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "empty" in bad.stderr
+    for argv in ([str(tmp_path / "empty")], [str(tmp_path / "missing")], []):
+        assert timeline.main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and (not argv or argv[0] in err)

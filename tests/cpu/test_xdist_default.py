@@ -98,22 +98,34 @@ def test_a_visible_gpu_keeps_the_run_serial(monkeypatch):
 
 def test_workers_and_no_xdist_end_to_end(tmp_path):
     """A real pytest on two tiny files with the project's conftest: workers, and `-p no:xdist` still runs serially (`-n 0`: the unit tests above;
-    each run here costs ~3 s of CPU per process, so only these two)."""
+    each run here costs ~3 s of CPU per process, so only these two). The same runs check, with real xdist
+    processes, that each worker learns the controller's dist mode (``pytest_configure_node``: xdist says
+    "no" on the worker itself) and that ``$HYV4_TIMELINE`` records each process (``harness.timeline``):
+    the tests in the processes that ran them, none in the xdist controller."""
+    from harness import timeline
+
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     for i in (1, 2):
-        (tmp_path / f"test_t{i}.py").write_text("import os\n\ndef test_w():\n"
-                                                "    print('worker', os.environ.get('PYTEST_XDIST_WORKER', 'none'))\n")
+        (tmp_path / f"test_t{i}.py").write_text(
+            "import os\n\ndef test_w(request):\n"
+            "    print('worker', os.environ.get('PYTEST_XDIST_WORKER', 'none'))\n"
+            "    print('dist', getattr(request.config, 'workerinput', {}).get('hyv4_dist'), getattr(request.config.option, 'dist', None))\n")
     # not this run's own xdist worker variables (PYTEST_XDIST_WORKER=gw0 when the suite runs on workers)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env.update(PYTHONPATH=str(ROOT), HYV4_PYTEST_WORKERS="2", CI="true")
 
-    def pytest_(*args):
+    def pytest_(tl, *args):
         r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args, str(tmp_path)],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                           cwd=tmp_path, env={**env, timeline.ENV: str(tl)}, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
-        return r.stdout
+        return r.stdout, timeline.summarize(str(tl))["processes"]
 
-    out = pytest_()
+    out, procs = pytest_(tmp_path / "tl-xdist")
     assert "xdist: 2 workers, worksteal" in out and "created: 2/2 workers" in out and "2 passed" in out
-    out = pytest_("-p", "no:xdist")
+    assert out.count("dist worksteal no") == 2, out
+    assert sorted(procs) == ["gw0", "gw1", "main"] and procs["main"]["tests"] == 0
+    assert procs["gw0"]["tests"] + procs["gw1"]["tests"] == 2
+    assert all(p["process_s"] <= p["configured_s"] <= p["collected_s"] for p in procs.values() if "collected_s" in p)
+    out, procs = pytest_(tmp_path / "tl-serial", "-p", "no:xdist")
     assert "created:" not in out and "worker none" in out and "2 passed" in out, out
+    assert sorted(procs) == ["main"] and procs["main"]["tests"] == 2
