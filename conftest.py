@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import glob
 import os
 import pathlib
 import sys
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from harness.ci_env import ci_is_set
-from harness.runtime import apply_jit_cache, cannot_run_production_reason
+from harness.runtime import apply_jit_cache, cannot_run_production_reason, gpu_device_nodes
 
 settings.register_profile(
     "ci", derandomize=True, max_examples=20, deadline=None, database=None,
@@ -78,7 +77,7 @@ def default_workers(config) -> tuple[int, str]:
     files = _test_files_selected(config)
     if files < 2:
         return 0, "one test file"
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) not in ("", "-1") and glob.glob("/dev/nvidia[0-9]*"):
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) not in ("", "-1") and gpu_device_nodes():
         return 0, "a GPU is visible"
     markexpr = getattr(o, "markexpr", "") or ""
     if "gpu" in markexpr or "real_checkpoint" in markexpr:
@@ -133,7 +132,7 @@ def _tune_a_cpu_host_process(config) -> None:
     processes keep Python's and glibc's defaults: a frozen garbage cycle that holds CUDA memory (an
     engine torn down in the test that imported vLLM) would never be freed, and glibc's heap would
     keep the host copies of real-dims weights; neither has been run on a GPU."""
-    if not glob.glob("/dev/nvidia[0-9]*"):
+    if not gpu_device_nodes():
         _quiet_gc_while_collecting(config)
         _keep_freed_memory_mapped()
 
@@ -254,7 +253,7 @@ def _share_the_host(workerinput: dict) -> None:
     replay the float64 reference on the CPU do not oversubscribe the cores."""
     idx = int(str(workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
     count = max(1, int(workerinput.get("workercount", 1)))
-    gpus = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    gpus = gpu_device_nodes()
     if not gpus:  # the CPU tier keeps torch's default threads (its goldens were made with them)
         return
     if len(gpus) > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:

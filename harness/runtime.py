@@ -20,6 +20,14 @@ def cannot_run_production_reason() -> str | None:
     return None
 
 
+def gpu_device_nodes() -> list[str]:
+    """The host's NVIDIA GPU device nodes (``/dev/nvidia0`` ...), without importing torch or
+    initialising CUDA: what the pytest conftests decide on (workers, per-process tuning)."""
+    import glob
+
+    return sorted(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def reference_device() -> str:
     """Where the float64 reference replays production: the GPU when one is present (the
     side by side's replay at real dims takes tens of seconds on a host CPU, well under a

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
 import os
@@ -13,6 +12,8 @@ import time
 
 import pytest
 
+from harness.runtime import gpu_device_nodes
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "cpu" / "_vllm_config_probe.py"
 PROBE_TIMEOUT_S = 900
@@ -22,7 +23,7 @@ PROBE_TIMEOUT_S = 900
 # ~16 s of CPU on the CI cores, for a build that needs CUDA. Without a CUDA device nothing in this
 # process or its children runs a kernel, so humming builds on first use instead (as in the probe below).
 # Set at collection, before any test imports vLLM; a host with a GPU keeps humming's default.
-if not glob.glob("/dev/nvidia[0-9]*"):
+if not gpu_device_nodes():
     os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
 
 

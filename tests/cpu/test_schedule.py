@@ -170,35 +170,3 @@ def test_a_worker_learns_the_controllers_dist_mode_from_its_workerinput():
         mod.pytest_configure_node(node)
         assert node.workerinput == {"workerid": "gw0", mod._DIST_KEY: dist}
 
-
-def test_the_gc_and_malloc_tuning_stays_off_a_gpu_host(monkeypatch):
-    """The root conftest's CPU-tier speed-ups (the cyclic GC paused while collecting, then frozen;
-    glibc serving large blocks from its heap) apply on a host without a GPU device, and a GPU host's
-    test processes keep the defaults (a frozen cycle holding CUDA memory would never be freed)."""
-    import gc
-    import importlib.util
-    import types
-
-    spec = importlib.util.spec_from_file_location("_root_conftest_tuning", ROOT / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    calls = []
-    monkeypatch.setattr(mod, "_keep_freed_memory_mapped", lambda: calls.append("malloc"))
-
-    def config():
-        cleanups = []
-        return types.SimpleNamespace(stash=pytest.Stash(), add_cleanup=cleanups.append, cleanups=cleanups,
-                                     option=types.SimpleNamespace(numprocesses=None))
-
-    was_enabled = gc.isenabled()
-    try:
-        monkeypatch.setattr(mod.glob, "glob", lambda pattern: ["/dev/nvidia0"])
-        gpu = config()
-        mod._tune_a_cpu_host_process(gpu)
-        assert not calls and gc.isenabled() == was_enabled and not gpu.stash.get(mod._GC_TUNED_KEY, False)
-        monkeypatch.setattr(mod.glob, "glob", lambda pattern: [])
-        cpu = config()
-        mod._tune_a_cpu_host_process(cpu)
-        assert calls == ["malloc"] and cpu.stash[mod._GC_TUNED_KEY] and not gc.isenabled()
-    finally:
-        (gc.enable if was_enabled else gc.disable)()

@@ -90,7 +90,7 @@ def test_the_environment_variable(no_gpu, monkeypatch):
 def test_a_visible_gpu_keeps_the_run_serial(monkeypatch):
     monkeypatch.delenv(C.WORKERS_ENV, raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(C.glob, "glob", lambda pattern: ["/dev/nvidia0"])
+    monkeypatch.setattr(C, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
     cfg = _config()
     C.pytest_cmdline_main(cfg)
     assert cfg.option.numprocesses is None and "GPU" in cfg.stash[C._WORKERS_KEY]
@@ -129,3 +129,31 @@ def test_workers_and_no_xdist_end_to_end(tmp_path):
     out, procs = pytest_(tmp_path / "tl-serial", "-p", "no:xdist")
     assert "created:" not in out and "worker none" in out and "2 passed" in out, out
     assert sorted(procs) == ["main"] and procs["main"]["tests"] == 2
+
+
+def test_the_gc_and_malloc_tuning_stays_off_a_gpu_host(monkeypatch):
+    """The root conftest's CPU-tier speed-ups (the cyclic GC paused while collecting, then frozen;
+    glibc serving large blocks from its heap) apply on a host without a GPU device, and a GPU host's
+    test processes keep the defaults (a frozen cycle holding CUDA memory would never be freed)."""
+    import gc
+
+    calls = []
+    monkeypatch.setattr(C, "_keep_freed_memory_mapped", lambda: calls.append("malloc"))
+
+    def config():
+        cleanups = []
+        return SimpleNamespace(stash=pytest.Stash(), add_cleanup=cleanups.append, cleanups=cleanups,
+                               option=SimpleNamespace(numprocesses=None))
+
+    was_enabled = gc.isenabled()
+    try:
+        monkeypatch.setattr(C, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
+        gpu = config()
+        C._tune_a_cpu_host_process(gpu)
+        assert not calls and gc.isenabled() == was_enabled and not gpu.stash.get(C._GC_TUNED_KEY, False)
+        monkeypatch.setattr(C, "gpu_device_nodes", lambda: [])
+        cpu = config()
+        C._tune_a_cpu_host_process(cpu)
+        assert calls == ["malloc"] and cpu.stash[C._GC_TUNED_KEY] and not gc.isenabled()
+    finally:
+        (gc.enable if was_enabled else gc.disable)()
