@@ -152,7 +152,7 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             spec = None
-        for d in (spec.submodule_search_locations or []) if spec else []:
+        for d in map(str, (spec.submodule_search_locations or []) if spec else []):  # a Path on sys.path gives Paths
             if done.get(d) != sys.version and d not in todo:
                 todo.append(d)
     if not todo:
@@ -169,7 +169,7 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
         with open(tmp, "w") as f:
             json.dump(done, f, indent=1)
         os.replace(tmp, marker)
-    except OSError:
+    except (OSError, TypeError, ValueError):
         return []
     print(f"bytecode: compiled {len(todo)} package dir(s) into {prefix} in {time.perf_counter() - t0:.1f} s "
           f"({os.cpu_count()} cores): {', '.join(todo)}", file=sys.stderr, flush=True)

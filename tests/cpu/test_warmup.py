@@ -149,6 +149,16 @@ def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
     assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # done before
     (layer / runtime.PRECOMPILED).write_text(json.dumps({str(pkg): "another Python"}))
     assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
+    # Python 3.12 gives Path search locations for a pathlib.Path on sys.path (3.11 ignores such an
+    # entry): the marker still records strings (an H200 tier run failed on json.dump of a PosixPath)
+    import importlib.machinery
+    import importlib.util
+    spec = importlib.machinery.ModuleSpec("stand_in_pkg", None, is_package=True)
+    spec.submodule_search_locations = [pkg]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "stand_in_pkg" else None)
+    (layer / runtime.PRECOMPILED).unlink()
+    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
+    assert json.loads((layer / runtime.PRECOMPILED).read_text()) == {str(pkg): sys.version}
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("")
     monkeypatch.setattr(sys, "pycache_prefix", str(blocked / "pycache"))  # a layer that cannot be written
@@ -366,3 +376,81 @@ def test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold(name, g
             mod = importlib.import_module(node.module)
         for alias in node.names:
             assert callable(getattr(mod, alias.name)), f"{node.module}.{alias.name}"
+
+
+def _stand_in_vllm(tmp_path, monkeypatch):
+    """A package laid out as vllm/models/hy_v4 (what the model-info marker is keyed by)."""
+    from harness import model_info
+
+    pkg = tmp_path / "src" / "stand_in_vllm"
+    (pkg / "models" / "hy_v4" / "nvidia").mkdir(parents=True)
+    for f in ("__init__.py", "models/__init__.py", "models/hy_v4/__init__.py", "models/hy_v4/nvidia/mtp.py"):
+        (pkg / f).write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.setattr(model_info, "PACKAGE", ("stand_in_vllm", "models", "hy_v4"))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    return pkg / "models" / "hy_v4"
+
+
+def test_model_info_prefetch_is_wanted_only_where_vllm_is_built(monkeypatch):
+    """Started for the commands that build a VllmConfig, on a host with a GPU, unless switched off."""
+    from harness import model_info, runtime
+
+    monkeypatch.delenv(model_info.OFF_ENV, raising=False)
+    monkeypatch.setattr(runtime, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
+    assert model_info.wanted(["main"]) and model_info.wanted(["--debug", "compare", "preset:tiny"])
+    assert model_info.wanted(["bisect-check"]) and model_info.wanted(["warmup", "--if-cold"])
+    assert not model_info.wanted(["reference", "preset:tiny", "--out", "x"]) and not model_info.wanted([])
+    monkeypatch.setenv(model_info.OFF_ENV, "0")
+    assert not model_info.wanted(["main"])
+    monkeypatch.delenv(model_info.OFF_ENV)
+    monkeypatch.setattr(runtime, "gpu_device_nodes", lambda: [])
+    assert not model_info.wanted(["main"])
+
+
+def test_model_info_marker_is_keyed_by_the_model_files_and_cache_root(tmp_path, monkeypatch):
+    """Once done for a tree and cache root it is not started again; an edited model file or
+    another cache root starts it again; no such package, nothing to start."""
+    from harness import model_info
+
+    hy = _stand_in_vllm(tmp_path, monkeypatch)
+    key = model_info.tree_key()
+    assert key and model_info.tree_key() == key and not model_info.done_for(key)
+    (tmp_path / "vllm-cache").mkdir()
+    (tmp_path / "vllm-cache" / model_info.MARKER).write_text(json.dumps({"key": key}))
+    assert model_info.done_for(key) and model_info.start() is False and model_info._proc is None
+    (hy / "nvidia" / "mtp.py").write_text("X = 22\n")
+    assert model_info.tree_key() != key
+    (hy / "nvidia" / "mtp.py").write_text("X = 1\n")
+    os.utime(hy / "nvidia" / "mtp.py", ns=(1, 1))
+    assert model_info.tree_key() != key  # same size, another mtime
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "elsewhere"))
+    assert not model_info.done_for(model_info.tree_key())
+    monkeypatch.setattr(model_info, "PACKAGE", ("no_such_pkg_hyv4", "models", "hy_v4"))
+    assert model_info.tree_key() is None and model_info.start() is False
+
+
+@pytest.mark.parametrize("child, wait_s, how", [
+    ("import sys; sys.exit(5)", 30.0, "failed (exit 5)"),
+    ("import time; time.sleep(60)", 0.5, "gave up after"),
+])
+def test_model_info_wait_never_blocks_a_run_on_a_failed_or_hung_prefetch(tmp_path, monkeypatch, capsys,
+                                                                        child, wait_s, how):
+    """A background inspection that fails or hangs: ``wait`` returns (killing a hung one and
+    what it started), says so in one line, and writes no marker; vLLM then inspects itself."""
+    from harness import model_info
+
+    _stand_in_vllm(tmp_path, monkeypatch)
+    monkeypatch.setattr(model_info, "_command", lambda key: [sys.executable, "-c", child])
+    monkeypatch.setattr(model_info, "WAIT_S", wait_s)
+    monkeypatch.setattr(model_info, "_proc", None)
+    assert model_info.start() is True
+    proc = model_info._proc
+    assert model_info.start() is False  # one at a time
+    model_info.wait()
+    assert proc.poll() is not None and model_info._proc is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and how in err and "vLLM inspects as usual" in err
+    assert not model_info.done_for(model_info.tree_key())
+    model_info.wait()  # nothing running: nothing printed
+    assert capsys.readouterr().err == ""

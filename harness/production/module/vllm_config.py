@@ -36,6 +36,8 @@ def build_vllm_config(hf_config: dict, *, num_speculative_tokens: int = 1,
     """
     from vllm.engine.arg_utils import EngineArgs
 
+    from ...model_info import wait as wait_model_info
+    wait_model_info()  # a background inspection still running (cold host): vLLM reads what it caches
     model_dir = write_model_dir(hf_config)
     kwargs = dict(
         model=model_dir,

@@ -1,0 +1,167 @@
+"""vLLM's model-class inspection, started early in the background (cold hosts only).
+
+Building a ``VllmConfig`` makes vLLM's model registry inspect the class of each architecture
+it resolves (the target ``HYV4ForCausalLM``, then the draft ``HYV4MTPModel``). With nothing in
+``$VLLM_CACHE_ROOT/modelinfos`` yet, vLLM does each in a fresh Python subprocess that imports
+torch and vLLM again, one after the other, on the critical path: a cold ``harness main``
+(lease 2026-12-02d) spent 19.9 s and 15.3 s there, against 0.02 s and 1.2 s once vLLM had
+cached them. ``start`` has vLLM run those same inspections (its
+``ModelRegistry._try_inspect_model_cls``, both architectures at once) in a background process
+while this one imports and builds its inputs; ``wait`` joins it before the config is built, so
+vLLM then reads what it cached instead of inspecting again.
+
+An optimisation only: it decides nothing. Failing, absent (no GPU, a vLLM without that
+method) or late (``wait`` gives up after ``WAIT_S``), vLLM inspects exactly as it always did.
+Once it has succeeded for a vLLM tree and cache root it is not started again (a marker keyed
+by the files of ``vllm/models/hy_v4`` and the cache root); a changed tree starts it again,
+and vLLM's own cache checks its module hash whatever this marker says.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ARCHS = ("HYV4ForCausalLM", "HYV4MTPModel")  # the target, and the draft vLLM rewrites it to for "mtp"
+PACKAGE = ("vllm", "models", "hy_v4")  # where both classes live (keys the marker)
+MARKER = "hyv4-model-info.json"
+WAIT_S = 120.0  # cold, the two inspections took 20 s one after the other: far more is a hang
+COMMANDS = ("main", "compare", "bisect-check", "warmup")  # the CLI commands that build a VllmConfig first thing
+OFF_ENV = "HYV4_MODEL_INFO_PREFETCH"  # "0": never start it
+
+_proc: subprocess.Popen | None = None
+_started = 0.0
+
+
+def _marker_path() -> str:
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    if root:
+        return os.path.join(root, MARKER)
+    return os.path.join(os.path.expanduser("~/.cache/hyv4-mtp-harness"), MARKER)
+
+
+def tree_key() -> str | None:
+    """What the marker is keyed by: the cache root and every file under ``vllm/models/hy_v4``
+    (relative name, size, mtime), found without importing vLLM; ``None`` without that package."""
+    try:
+        spec = importlib.util.find_spec(PACKAGE[0])
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    pkg = os.path.join(str(list(spec.submodule_search_locations)[0]), *PACKAGE[1:])
+    if not os.path.isdir(pkg):
+        return None
+    h = hashlib.sha256(os.environ.get("VLLM_CACHE_ROOT", "~").encode())
+    for dirpath, dirnames, filenames in os.walk(pkg):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                st = os.stat(path)
+                h.update(f"{os.path.relpath(path, pkg)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()
+
+
+def done_for(key: str | None) -> bool:
+    try:
+        with open(_marker_path()) as f:
+            return key is not None and json.load(f).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def wanted(argv: list[str]) -> bool:
+    """Whether a CLI invocation should start it: a command that builds a VllmConfig, on a host
+    with an NVIDIA GPU (elsewhere vLLM is never built), not switched off."""
+    from .runtime import gpu_device_nodes
+
+    cmd = next((a for a in argv if not a.startswith("-")), None)
+    return (cmd in COMMANDS and os.environ.get(OFF_ENV, "1") != "0" and bool(gpu_device_nodes()))
+
+
+def _command(key: str) -> list[str]:
+    return [sys.executable, "-m", __name__, key]
+
+
+def start() -> bool:
+    """Start the background inspection unless it already succeeded for this vLLM tree and
+    cache root (or one is running); returns whether one was started."""
+    global _proc, _started
+    key = tree_key()
+    if _proc is not None or key is None or done_for(key):
+        return False
+    _started = time.perf_counter()
+    try:
+        _proc = subprocess.Popen(_command(key), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                 env={**os.environ, OFF_ENV: "0"})
+    except OSError:
+        _proc = None
+        return False
+    atexit.register(_stop)
+    return True
+
+
+def _stop() -> None:
+    """Kill the background process and vLLM's subprocesses under it (its own session)."""
+    global _proc
+    proc, _proc = _proc, None
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+
+
+def wait() -> None:
+    """Join the background inspection (if one runs) before vLLM inspects on its own; one line
+    on stderr says how it went. Never raises."""
+    global _proc
+    proc = _proc
+    if proc is None:
+        return
+    try:
+        rc = proc.wait(timeout=max(0.0, WAIT_S - (time.perf_counter() - _started)))
+        _proc = None
+        how = "done" if rc == 0 else f"failed (exit {rc}); vLLM inspects as usual"
+    except subprocess.TimeoutExpired:
+        _stop()
+        how = f"gave up after {WAIT_S:.0f} s; vLLM inspects as usual"
+    print(f"model info: vLLM's inspection of {', '.join(ARCHS)} in the background: {how} "
+          f"({time.perf_counter() - _started:.1f} s after it started)", file=sys.stderr, flush=True)
+
+
+def _inspect(key: str) -> int:
+    """The background process: vLLM inspects every architecture at once (each in vLLM's own
+    subprocess, so the threads only wait), then the marker is written. 0 all inspected."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    inspect = getattr(ModelRegistry, "_try_inspect_model_cls", None)
+    if inspect is None:
+        return 3
+    with ThreadPoolExecutor(len(ARCHS)) as ex:
+        infos = list(ex.map(inspect, ARCHS))
+    if any(i is None for i in infos):
+        return 4
+    path = _marker_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"key": key, "archs": list(ARCHS)}, f)
+    os.replace(tmp, path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_inspect(sys.argv[1]))
