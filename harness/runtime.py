@@ -116,7 +116,12 @@ def _write_bytecode_under(prefix: str) -> None:
 # it imports: lease 2026-12-02c's cold `harness main` spent 42 s before vLLM's first log line
 # (9.5 s warm). Where the host has the cores, ``precompile_bytecode`` compiles these packages'
 # sources all at once instead (``compileall``, one process per core), before they are imported.
-PRECOMPILE_PACKAGES = ("torch", "vllm", "transformers")
+# Lease 2026-12-02d: torch, vLLM and transformers in 4.2-5.2 s; `import vllm.models.hy_v4` (what
+# vLLM's model-class inspection subprocesses import, several at once on a cold host) then still
+# spent over 0.5 s each compiling sympy, scipy, pandas, networkx, openai, torchvision and numpy
+# (`-X importtime` with an empty layer: 33 s of import self time, 15.5 s of it the first three).
+PRECOMPILE_PACKAGES = ("torch", "vllm", "transformers",
+                       "sympy", "scipy", "pandas", "networkx", "openai", "torchvision", "numpy")
 PRECOMPILE_MIN_CPUS = 8  # below this, compiling every module (~58 s of CPU for the three, measured
 #                          on CI's 2 cores) costs more than compiling the imported ones as they come
 PRECOMPILED = "hyv4-precompiled.json"  # in the bytecode layer: {package dir: the Python that compiled it}
