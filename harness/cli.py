@@ -176,6 +176,21 @@ def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", default=None, help="write the JSON report here")
 
 
+def _add_mutants_arguments(p) -> None:
+    """``mutants``'s flags (here, not in harness.mutants: that package imports torch; the parser must not)."""
+    p.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    p.add_argument("--speculator", action="store_true",
+                   help="the planted bugs in vLLM's MTP speculator (harness.production.engine.speculator_mutants), each "
+                        "through bisect-check on its engine case, plus pristine controls")
+    p.add_argument("--only", nargs="+", action="extend", default=None, metavar="NAME",
+                   help="run only these mutants")
+    p.add_argument("--report", default=None, metavar="R.json", help="write the JSON report here")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
+                   help="start no new run after S seconds (the rest is reported not-run)")
+    p.add_argument("--no-control", action="store_true",
+                   help="skip the unmutated control run of each case")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m harness", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -194,14 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", choices=("float64", "production"), default="float64")
     r.set_defaults(func=cmd_reference)
 
-    try:
-        from .checkpoint.synth import add_synth_arguments
-    except ImportError:
-        add_synth_arguments = None
-    if add_synth_arguments is not None:
-        s = sub.add_parser("synth", help="write a synthetic HY V4 checkpoint")
-        add_synth_arguments(s)
-        s.set_defaults(func=cmd_synth)
+    from .checkpoint.options import add_synth_arguments
+    s = sub.add_parser("synth", help="write a synthetic HY V4 checkpoint")
+    add_synth_arguments(s)
+    s.set_defaults(func=cmd_synth)
 
     c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/2/125)")
     _add_side_by_side_arguments(c)
@@ -223,8 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bisect_check)
 
     mu = sub.add_parser("mutants", help="apply known-bug mutants to vLLM in process; 0 all detected, 1 not, 125")
-    from .mutants import add_arguments as add_mutant_arguments
-    add_mutant_arguments(mu)
+    _add_mutants_arguments(mu)
     mu.set_defaults(func=cmd_mutants)
 
     w = sub.add_parser("warmup", help="compile the GPU stack's JIT kernels once per host (0 warmed, 2, 125)")

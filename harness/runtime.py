@@ -20,12 +20,15 @@ def cannot_run_production_reason() -> str | None:
     return None
 
 
+GPU_DEVICE_GLOB = "/dev/nvidia[0-9]*"
+
+
 def gpu_device_nodes() -> list[str]:
     """The host's NVIDIA GPU device nodes (``/dev/nvidia0`` ...), without importing torch or
     initialising CUDA: what the pytest conftests decide on (workers, per-process tuning)."""
     import glob
 
-    return sorted(glob.glob("/dev/nvidia[0-9]*"))
+    return sorted(glob.glob(GPU_DEVICE_GLOB))
 
 
 def reference_device() -> str:

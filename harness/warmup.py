@@ -53,7 +53,7 @@ import time
 
 from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from . import runtime  # cannot_run_production_reason looked up at call time (tests patch it)
-from .runtime import BYTECODE_VAR, JIT_CACHE_ENV, apply_jit_cache, jit_cache_env
+from .runtime import BYTECODE_VAR, GPU_DEVICE_GLOB, JIT_CACHE_ENV, apply_jit_cache, jit_cache_env
 
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
 
@@ -184,7 +184,10 @@ def plan_lanes(cases: list[str], engine: str | None, lanes: int) -> tuple[str | 
 # would use the kernel on this GPU, and exits 0 having built nothing when not.
 # Measured on a fresh H200 (the 2026-12-01 serial warmup log): FlashInfer's JIT modules were
 # the long single compiles of the whole warmup, each inside one step.
-_PREFETCH_HEAD = ("import sys, torch\n"
+_PREFETCH_HEAD = ("import glob, sys\n"  # no NVIDIA device node: said before importing torch (~4 s of CPU)
+                  f"if not glob.glob({GPU_DEVICE_GLOB!r}):\n"
+                  "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n"
+                  "import torch\n"
                   "if not torch.cuda.is_available():\n"
                   "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n")
 

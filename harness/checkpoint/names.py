@@ -15,8 +15,7 @@ import torch
 
 from reference.config import MTPConfig
 
-NAMINGS = ("mtp_layers", "layers")
-EXPERT_LAYOUTS = ("split", "fused")
+from .options import EXPERT_LAYOUTS, NAMINGS  # noqa: F401 - re-exported
 
 # canonical leaf -> checkpoint leaf (both relative to their layer prefix)
 _LEAF = {

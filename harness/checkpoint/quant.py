@@ -44,7 +44,7 @@ from reference.fp8 import UE8M0_MAX_BYTE, quantize_block, to_e4m3, ue8m0_decode,
 from reference.weights import layer_shapes
 
 DEFAULT_BLOCK = (128, 128)
-QUANTS = ("bf16", "fp8", "fp8-ue8m0")
+from .options import QUANTS, SCALE_DTYPES  # noqa: F401 - re-exported
 
 
 def quant_of_config(hf: dict) -> str:
@@ -52,7 +52,6 @@ def quant_of_config(hf: dict) -> str:
     if str(hf.get("mtp_quant_algo") or "").upper() != "FP8":
         return "bf16"
     return "fp8-ue8m0" if (hf.get("quantization_config") or {}).get("scale_fmt") == "ue8m0" else "fp8"
-SCALE_DTYPES = ("auto", "uint8", "float32", "e8m0")
 
 # canonical leaf -> (vLLM module relative to the layer prefix, its checkpoint shards)
 _QUANT_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {

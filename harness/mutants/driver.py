@@ -229,17 +229,3 @@ def mutants_command(args) -> int:
     out = run_catalogue(chosen, report=args.report, control=not args.no_control,
                         log=lambda s: print(s, flush=True), budget_s=args.budget_s)
     return EXIT_OK if out["summary"]["detected"] == out["summary"]["selected"] else EXIT_MISMATCH
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--list", action="store_true", help="print the catalogue and exit")
-    p.add_argument("--speculator", action="store_true",
-                   help="the planted bugs in vLLM's MTP speculator (harness.production.engine.speculator_mutants), each "
-                        "through bisect-check on its engine case, plus pristine controls")
-    p.add_argument("--only", nargs="+", action="extend", default=None, metavar="NAME",
-                   help="run only these mutants")
-    p.add_argument("--report", default=None, metavar="R.json", help="write the JSON report here")
-    p.add_argument("--budget-s", type=float, default=None, metavar="S",
-                   help="start no new run after S seconds (the rest is reported not-run)")
-    p.add_argument("--no-control", action="store_true",
-                   help="skip the unmutated control run of each case")

@@ -1,0 +1,44 @@
+"""The synthetic checkpoint's option values and the ``synth`` command's arguments, torch-free.
+
+``python -m harness`` builds its whole parser on every run, so a bad flag or a missing file
+gets its one-line answer (exit 2) without importing torch; the modules that write and read
+checkpoints (``names``, ``quant``, ``synth``) take these tuples from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+NAMINGS = ("mtp_layers", "layers")
+EXPERT_LAYOUTS = ("split", "fused")
+QUANTS = ("bf16", "fp8", "fp8-ue8m0")
+SCALE_DTYPES = ("auto", "uint8", "float32", "e8m0")
+EXPERT_SCALE_SUFFIXES = ("weight_scale_inv", "scale")
+PRESET_NAMES = ("tiny", "small", "real-dims")
+
+
+def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="checkpoint directory to create")
+    parser.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
+    parser.add_argument("--experts", choices=EXPERT_LAYOUTS, default="split",
+                        help="routed experts one tensor per expert (split) or stacked (fused)")
+    parser.add_argument("--quant", choices=QUANTS, default="bf16")
+    parser.add_argument("--naming", choices=NAMINGS, default="mtp_layers",
+                        help="model.mtp_layers.<i> or model.layers.<num_hidden_layers+i>")
+    parser.add_argument("--mtp-layers", type=int, default=1, help="num_nextn_predict_layers")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--no-index", action="store_true",
+                        help="write one model.safetensors and no index (needs --shards 1)")
+    parser.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocab_size")
+    parser.add_argument("--index-share", action="store_true", help="index_share_for_mtp_iteration: true")
+    parser.add_argument("--dense-mlp", action="store_true", help="the MTP layer's MLP is dense, not MoE")
+    parser.add_argument("--headwise-gate", action="store_true", help="gating_type headwise")
+    parser.add_argument("--no-sink", action="store_true", help="learnable_sink: false")
+    parser.add_argument("--expert-scale-suffix", choices=EXPERT_SCALE_SUFFIXES, default="weight_scale_inv",
+                        help="FP8 expert scale names: .weight_scale_inv (fused: _scale_inv) or .scale")
+    parser.add_argument("--scale-dtype", choices=SCALE_DTYPES, default="auto",
+                        help="UE8M0 scale storage (see write_synthetic)")
+    parser.add_argument("--bf16-indexer-wk", action="store_true",
+                        help="keep the indexer wk in bf16 in FP8 checkpoints (default: FP8 + weight_scale_inv)")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
