@@ -15,7 +15,7 @@ import torch
 
 from reference.config import MTPConfig
 
-from .options import EXPERT_LAYOUTS, NAMINGS  # noqa: F401 - re-exported
+from .options import EXPERT_LAYOUTS, NAMINGS
 
 # canonical leaf -> checkpoint leaf (both relative to their layer prefix)
 _LEAF = {

@@ -44,7 +44,7 @@ from reference.fp8 import UE8M0_MAX_BYTE, quantize_block, to_e4m3, ue8m0_decode,
 from reference.weights import layer_shapes
 
 DEFAULT_BLOCK = (128, 128)
-from .options import QUANTS, SCALE_DTYPES  # noqa: F401 - re-exported
+from .options import QUANTS
 
 
 def quant_of_config(hf: dict) -> str:

@@ -14,7 +14,6 @@ and renamed onto OUT_DIR, so a reader never sees half a checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -31,11 +30,9 @@ from reference.weights import check_weights, is_fp32_param, random_weights
 from harness.atomic import write_errors, write_failure
 
 from .errors import CheckpointError
-from .names import EXPERT_LAYOUTS, NAMINGS, canonical_leaf, parse_layer_name, to_checkpoint
-from .quant import (DEFAULT_BLOCK, QUANTS, SCALE_DTYPES, encode_scale, quantization_config,
-                    quantize_weight, vllm_reinterprets_uint8)
-
-from .options import EXPERT_SCALE_SUFFIXES, PRESET_NAMES, add_synth_arguments  # noqa: F401 - re-exported
+from .names import canonical_leaf, parse_layer_name, to_checkpoint
+from .options import EXPERT_LAYOUTS, EXPERT_SCALE_SUFFIXES, NAMINGS, QUANTS, SCALE_DTYPES
+from .quant import DEFAULT_BLOCK, encode_scale, quantization_config, quantize_weight, vllm_reinterprets_uint8
 
 
 def synth_config(preset_name: str = "tiny", *, mtp_layers: int = 1, index_share: bool = False,

@@ -30,7 +30,7 @@ class GpuCase:
     steps: int = 2
     naming: str = "mtp_layers"
     experts: str = "split"
-    # checkpoint quantization (harness.checkpoint.quant.QUANTS): "bf16", "fp8"
+    # checkpoint quantization (harness.checkpoint.options.QUANTS): "bf16", "fp8"
     # (block FP8, float32 weight_scale_inv) or "fp8-ue8m0" (power-of-two scales)
     quant: str = "bf16"
     # FP8 routed-expert scale names: "weight_scale_inv" (fused: _scale_inv) or

@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.checkpoint.loader import load_checkpoint
-from harness.checkpoint.synth import add_synth_arguments, synth_command, synth_config, write_synthetic
+from harness.checkpoint.options import add_synth_arguments
+from harness.checkpoint.synth import synth_command, synth_config, write_synthetic
 from reference.config import MTPConfig
 from reference.fp8 import dequantize_block, quantize_block, to_e4m3, ue8m0_decode
 from reference.weights import random_weights
