@@ -84,7 +84,22 @@ def wanted(argv: list[str]) -> bool:
     from .runtime import gpu_device_nodes
 
     cmd = next((a for a in argv if not a.startswith("-")), None)
+    if cmd == "warmup" and _lanes(argv) > 1:
+        return False  # its lanes are `harness warmup` processes of their own: each starts one
     return (cmd in COMMANDS and os.environ.get(OFF_ENV, "1") != "0" and bool(gpu_device_nodes()))
+
+
+def _lanes(argv: list[str]) -> int:
+    """``--lanes N`` / ``--lanes=N`` of a warmup command line (1 when absent or not a number)."""
+    for i, a in enumerate(argv):
+        val = a.split("=", 1)[1] if a.startswith("--lanes=") else (
+            argv[i + 1] if a == "--lanes" and i + 1 < len(argv) else None)
+        if val is not None:
+            try:
+                return int(val)
+            except ValueError:
+                return 1
+    return 1
 
 
 def _command(key: str) -> list[str]:

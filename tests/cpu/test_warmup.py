@@ -400,6 +400,9 @@ def test_model_info_prefetch_is_wanted_only_where_vllm_is_built(monkeypatch):
     monkeypatch.setattr(runtime, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
     assert model_info.wanted(["main"]) and model_info.wanted(["--debug", "compare", "preset:tiny"])
     assert model_info.wanted(["bisect-check"]) and model_info.wanted(["warmup", "--if-cold"])
+    assert model_info.wanted(["warmup", "--lanes", "1"]) and model_info.wanted(["warmup", "--lanes", "x"])
+    # with lanes the parent builds nothing: each lane (`harness warmup --case ...`) starts its own
+    assert not model_info.wanted(["warmup", "--lanes", "4"]) and not model_info.wanted(["warmup", "--lanes=2"])
     assert not model_info.wanted(["reference", "preset:tiny", "--out", "x"]) and not model_info.wanted([])
     monkeypatch.setenv(model_info.OFF_ENV, "0")
     assert not model_info.wanted(["main"])
