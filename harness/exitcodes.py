@@ -64,11 +64,11 @@ def _input_error_types() -> tuple[type, ...]:
 
 
 def _is_load_failure(exc: BaseException) -> bool:
-    try:
-        from .production.module.audit import LoadAuditError
-    except ImportError:  # pragma: no cover - the audit module imports torch only
-        return False
-    return isinstance(exc, LoadAuditError)
+    import sys
+
+    # never imported: nothing raised a LoadAuditError (and classifying costs no torch import)
+    audit = sys.modules.get(f"{__package__}.production.module.audit")
+    return audit is not None and isinstance(exc, audit.LoadAuditError)
 
 
 def _is_golden_problem(exc: BaseException) -> bool:

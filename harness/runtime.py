@@ -4,6 +4,8 @@ from __future__ import annotations
 
 
 def cannot_run_production_reason() -> str | None:
+    if not gpu_device_nodes():  # said without importing torch (~2 s); CUDA needs an NVIDIA device node
+        return "no CUDA device"
     try:
         import torch
     except ImportError:

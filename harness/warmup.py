@@ -78,7 +78,7 @@ def add_arguments(p) -> None:
 def check_arguments(args) -> None:
     """Bad flags exit 2 before anything is imported or compiled."""
     from .production.cases import GPU_CASES
-    from .production.engine.run import ENGINE_CASES
+    from .production.engine.cases import ENGINE_CASES
 
     for cid in args.case or ():
         if cid not in GPU_CASES:
@@ -342,7 +342,7 @@ def run(args, log=print) -> dict:
     import torch
 
     from .production.cases import GPU_CASES
-    from .production.engine.run import ENGINE_CASES
+    from .production.engine.cases import ENGINE_CASES
     from .production.engine.run import run_case as run_engine_case
     from .production.module.side_by_side import run_production_side, versions
 

@@ -8,13 +8,38 @@ API:
     flat = flatten(result)                        # {"step0.attn.core": ...}
 """
 
-from .cache import DraftCache, UnwrittenKVError
-from .case import make_case, request_lengths
-from .config import ConfigError, MTPConfig, RopeConfig
-from .mtp import DraftResult, StepInput, compact_topk, draft, forward_step, layer_weights
-from .numerics import EXACT, PRODUCTION, Numerics, numerics_by_name
-from .tp import shard_all, shard_layer
-from .weights import check_weights, random_weights, shapes
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .config import ConfigError, MTPConfig, RopeConfig  # torch-free
+
+# the rest imports torch: loaded on first use (PEP 562), so reading a config or a preset
+# (``harness warmup`` / ``compare`` checking their arguments) never imports torch
+_LAZY = {
+    "DraftCache": "cache", "UnwrittenKVError": "cache",
+    "make_case": "case", "request_lengths": "case",
+    "DraftResult": "mtp", "StepInput": "mtp", "compact_topk": "mtp", "draft": "mtp", "forward_step": "mtp",
+    "layer_weights": "mtp",
+    "EXACT": "numerics", "PRODUCTION": "numerics", "Numerics": "numerics", "numerics_by_name": "numerics",
+    "shard_all": "tp", "shard_layer": "tp",
+    "check_weights": "weights", "random_weights": "weights", "shapes": "weights",
+}
+
+
+if TYPE_CHECKING:
+    from .mtp import DraftResult
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
 
 
 def flatten(result: DraftResult) -> dict:

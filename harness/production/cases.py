@@ -14,8 +14,6 @@ import os
 import shutil
 import tempfile
 
-import reference as R
-from harness.checkpoint.names import to_checkpoint
 from harness.presets import preset
 
 
@@ -63,6 +61,9 @@ def _case_inputs(case_id: str, case_json: str):
         from harness.checkpoint.loader import load_checkpoint
         loaded = load_checkpoint(case.ckpt_dir)
         return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
+    import reference as R  # torch: only when inputs are made (case ids are checked without it)
+    from harness.checkpoint.names import to_checkpoint
+
     hf = case.hf_config()
     cfg = R.MTPConfig.from_hf_dict(hf)
     weights = R.random_weights(cfg, case.seed, draw=case.weights_draw)

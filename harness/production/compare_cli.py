@@ -83,7 +83,7 @@ def _case_for(args):
 
 
 def _engine_cases():
-    from harness.production.engine.run import ENGINE_CASES
+    from harness.production.engine.cases import ENGINE_CASES
     return ENGINE_CASES
 
 
@@ -114,7 +114,7 @@ def validate_args(command: str, args) -> None:
             raise CLIError("--steps must be >= 1")
         _case_for(args)
     elif command == "bisect_command":
-        from harness.production.engine.run import ENGINE_CASES
+        from harness.production.engine.cases import ENGINE_CASES
         from harness.production.cases import GPU_CASES
 
         unknown = [c for c in (args.case or []) if c not in GPU_CASES and c not in ENGINE_CASES]
@@ -262,7 +262,7 @@ def _bisect_side_by_side(ids, plant) -> tuple[dict, dict, int, str | None]:
 def bisect_command(args) -> int:
     from harness.regimes import coverage, uncovered
 
-    from harness.production.engine.run import ENGINE_CASES
+    from harness.production.engine.cases import ENGINE_CASES
     from harness.production.module.side_by_side import versions
 
     ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]

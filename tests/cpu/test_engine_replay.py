@@ -232,7 +232,8 @@ def _simulated_engine(cfg, k_steps=2, engine_steps=3, stale=True):
 def test_judge_run_report_of_a_faithful_engine_passes():
     import json
 
-    from harness.production.engine.run import EngineCase, judge_run
+    from harness.production.engine.cases import EngineCase
+    from harness.production.engine.run import judge_run
 
     case = CASES["tiny-share-indexer"]
     cfg, w = case.config(), case.weights()
@@ -280,7 +281,8 @@ def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
 
 
 def test_recording_round_trip_and_rejudge(tmp_path):
-    from harness.production.engine.run import EngineCase, judge_run, main, rejudge
+    from harness.production.engine.cases import EngineCase
+    from harness.production.engine.run import judge_run, main, rejudge
     from harness.production.engine.replay import load_recording, save_recording
     from harness.production.cases import case_inputs, GpuCase
 

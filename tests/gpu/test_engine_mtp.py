@@ -21,7 +21,8 @@ import sys
 
 import pytest
 
-from harness.production.engine.run import ENGINE_CASES, rejudge, verdict_problems
+from harness.production.engine.cases import ENGINE_CASES
+from harness.production.engine.run import rejudge, verdict_problems
 
 pytestmark = pytest.mark.gpu
 

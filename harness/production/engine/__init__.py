@@ -1,6 +1,7 @@
 """The engine path (DESIGN.md option 1): ``vllm.LLM`` with vLLM's own MTP speculator, every draft
 forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
 
+    cases.py               the engine cases (torch-free: case ids are checked before anything heavy)
     run.py                 build the engine, load and tap the drafter, run, judge; the command
                            ``python -m harness.production.engine`` (``__main__.py``)
     replay.py              CPU: the reference over the recorded draft forwards, draft-token verdict
