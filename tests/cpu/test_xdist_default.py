@@ -157,3 +157,20 @@ def test_the_gc_and_malloc_tuning_stays_off_a_gpu_host(monkeypatch):
         assert calls == ["malloc"] and cpu.stash[C._GC_TUNED_KEY] and not gc.isenabled()
     finally:
         (gc.enable if was_enabled else gc.disable)()
+
+
+def test_the_controller_compiled_the_projects_sources(tmp_path, monkeypatch):
+    """Before any worker started, the run's bytecode of every project module is in place (where
+    this process's Python reads it: __pycache__, or the bytecode layer), whatever
+    PYTHONDONTWRITEBYTECODE says; a directory that is not there is no error."""
+    for sub in C.PROJECT_SOURCES:
+        src = sorted((ROOT / sub).rglob("*.py"))[0]
+        assert pathlib.Path(importlib.util.cache_from_source(str(src))).is_file(), src
+    pkg = tmp_path / "stand_in"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("X = 1\n")
+    monkeypatch.setattr(C, "ROOT", tmp_path)
+    monkeypatch.setattr(C, "PROJECT_SOURCES", ("stand_in", "absent"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    C._compile_the_project()
+    assert pathlib.Path(importlib.util.cache_from_source(str(pkg / "m.py"))).is_file()  # "absent": no error
