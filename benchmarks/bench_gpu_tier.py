@@ -11,6 +11,8 @@ Steps, in this order (each a subprocess, timed here; all of them by default):
   tier          `pytest -m gpu tests/gpu` on --workers xdist workers, warm (as .ci/gpu-tier): side by
                 side, goldens, engine + speculator mutants, the module mutant catalogue (not TP);
                 per-case times from its JUnit
+  main-cold     `python -m harness main` on its own EMPTY cache root (DIR/jit-main-cold, wiped first):
+                the README's main job on a fresh host (the bundle install not counted)
   main          `python -m harness main` warm (the README's main job)
   bisect        `python -m harness bisect-check` warm
   draft-step    production vs the float64 reference ON THE SAME GPU per draft step, at the
@@ -38,9 +40,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from harness.timeline import format_summary, summarize  # noqa: E402  (imports nothing heavy)
 
-STEPS = ("warmup-cold", "warmup-warm", "warmup-kept", "tier", "main", "bisect", "draft-step", "cpu-tier")
+STEPS = ("warmup-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect", "draft-step", "cpu-tier")
 # issue 13's targets, seconds (draft-step: the reference/production ratio)
-TARGETS = {"tier_cold_s": 300.0, "tier_warm_s": 120.0, "main_warm_s": 20.0, "bisect_warm_s": 60.0,
+TARGETS = {"tier_cold_s": 300.0, "tier_warm_s": 120.0, "main_cold_s": 60.0, "main_warm_s": 20.0, "bisect_warm_s": 60.0,
            "cpu_tier_s": 90.0, "draft_step_ratio": 3.0}
 
 
@@ -49,6 +51,15 @@ def _run(cmd: list[str], log: pathlib.Path, env: dict) -> tuple[int, float]:
     with open(log, "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     return rc, time.perf_counter() - t0
+
+
+def _junit_counts(path: pathlib.Path) -> dict[str, int]:
+    """passed / failed / skipped over the JUnit's test cases (an error counts as failed)."""
+    out = {"passed": 0, "failed": 0, "skipped": 0}
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        kinds = {child.tag for child in tc}
+        out["failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"] += 1
+    return out
 
 
 def _junit_cases(path: pathlib.Path) -> dict[str, float]:
@@ -109,7 +120,14 @@ def main(argv=None) -> int:
                              "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_multigpu.py",
                              f"--junitxml={junit}"], out / "tier.log", tier_env)
             record("tier", rc, secs, workers=a.workers, cases=_junit_cases(junit) if junit.exists() else None,
+                   counts=_junit_counts(junit) if junit.exists() else None,
                    timeline=summarize(str(timeline)) if timeline.is_dir() else None)
+        elif s == "main-cold":
+            cold_env = {**env, "HYV4_JIT_CACHE": str(out / "jit-main-cold")}
+            shutil.rmtree(cold_env["HYV4_JIT_CACHE"], ignore_errors=True)
+            rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main-cold.json")], out / "main-cold.log",
+                            cold_env)
+            record("main-cold", rc, secs)
         elif s == "main":
             rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main.json")], out / "main.log", env)
             record("main", rc, secs)
@@ -135,7 +153,12 @@ def main(argv=None) -> int:
 
 def print_table(res: dict) -> None:
     def sec(k):
-        return res[k]["seconds"] if k in res and res[k]["rc"] == 0 else None
+        if k not in res or res[k]["rc"] != 0:
+            return None
+        counts = res[k].get("counts") or {}
+        if counts.get("skipped") or counts.get("failed") or counts == {"passed": 0, "failed": 0, "skipped": 0}:
+            return None  # a tier that skipped (no GPU, no vLLM) or failed tests is no tier figure
+        return res[k]["seconds"]
 
     rows = []
     if sec("warmup-cold") is not None and sec("tier") is not None:
@@ -145,16 +168,19 @@ def print_table(res: dict) -> None:
         rows.append((f"GPU tier, kept cache ({kept} + tier)", sec(kept) + sec("tier"), "tier_warm_s"))
     for key, label, target in (("warmup-cold", "warmup, empty cache", None), ("warmup-warm", "warmup, warm", None),
                                ("warmup-kept", "warmup --if-cold, warm", None),
-                               ("tier", "pytest -m gpu (warm, xdist)", None), ("main", "harness main, warm",
-                                                                                "main_warm_s"),
+                               ("tier", "pytest -m gpu (warm, xdist)", None),
+                               ("main-cold", "harness main, empty cache", "main_cold_s"),
+                               ("main", "harness main, warm", "main_warm_s"),
                                ("bisect", "bisect-check, warm", "bisect_warm_s"),
                                ("cpu-tier", "CPU tier (2 cores)", "cpu_tier_s")):
         if key in res:
-            rows.append((f"{label} (exit {res[key]['rc']})", res[key]["seconds"], target))
-    print(f"\n{'figure':52s} {'seconds':>9s} {'target':>8s} {'ratio':>7s}")
+            c = res[key].get("counts")
+            counts = f", {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped" if c else ""
+            rows.append((f"{label} (exit {res[key]['rc']}{counts})", res[key]["seconds"], target))
+    print(f"\n{'figure':64s} {'seconds':>9s} {'target':>8s} {'ratio':>7s}")
     for label, v, target in rows:
         t = TARGETS.get(target)
-        print(f"{label:52s} {v:9.1f} {t if t else '':>8} {'' if not t else f'{v / t:7.2f}'}")
+        print(f"{label:64s} {v:9.1f} {t if t else '':>8} {'' if not t else f'{v / t:7.2f}'}")
     for name in ("tiny", "small", "real-dims"):
         r = res.get(f"draft-step-{name}")
         if r and "production_s_per_step" in r:

@@ -1,0 +1,47 @@
+"""benchmarks/bench_gpu_tier.py's bookkeeping on CPU: test counts from the tier's JUnit, and a
+tier that skipped or failed tests never becomes a tier figure against the targets."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_gpu_tier", ROOT / "benchmarks" / "bench_gpu_tier.py")
+B = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(B)
+
+JUNIT = """<?xml version="1.0"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.gpu.test_a" name="test_ok" time="1.5"/>
+<testcase classname="tests.gpu.test_a" name="test_bad" time="2.0"><failure message="x"/></testcase>
+<testcase classname="tests.gpu.test_b" name="test_err" time="0.1"><error message="y"/></testcase>
+<testcase classname="tests.gpu.test_b" name="test_skip" time="0.0"><skipped message="no CUDA device"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_junit_counts_and_cases(tmp_path):
+    p = tmp_path / "j.xml"
+    p.write_text(JUNIT)
+    assert B._junit_counts(p) == {"passed": 1, "failed": 2, "skipped": 1}
+    assert B._junit_cases(p)["test_a::test_ok"] == 1.5
+
+
+def test_a_tier_that_skipped_is_no_tier_figure(capsys):
+    res = {"warmup-cold": {"rc": 0, "seconds": 170.0}, "warmup-kept": {"rc": 0, "seconds": 5.0},
+           "tier": {"rc": 0, "seconds": 9.3, "counts": {"passed": 0, "failed": 0, "skipped": 64}},
+           "main-cold": {"rc": 0, "seconds": 72.5}}
+    B.print_table(res)
+    out = capsys.readouterr().out
+    assert "fresh host" not in out and "kept cache" not in out  # the all-skipped tier combines with nothing
+    assert "0 passed, 0 failed, 64 skipped" in out
+    assert "harness main, empty cache (exit 0)" in out and "1.21" in out  # 72.5 / 60
+    res["tier"].update(seconds=85.8, counts={"passed": 64, "failed": 0, "skipped": 0})
+    B.print_table(res)
+    out = capsys.readouterr().out
+    assert "GPU tier, fresh host (warmup cold + tier)" in out and "255.8" in out
+    assert "GPU tier, kept cache (warmup-kept + tier)" in out and "90.8" in out
+
+
+def test_an_unknown_step_is_bad_input(tmp_path, capsys):
+    assert B.main(["--out", str(tmp_path), "--only", "tier,nope"]) == 2
+    assert "--only nope: unknown step" in capsys.readouterr().err
