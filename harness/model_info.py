@@ -6,8 +6,8 @@ it resolves (the target ``HYV4ForCausalLM``, then the draft ``HYV4MTPModel``). W
 torch and vLLM again, one after the other, on the critical path: a cold ``harness main``
 (lease 2026-12-02d) spent 19.9 s and 15.3 s there, against 0.02 s and 1.2 s once vLLM had
 cached them. ``start`` has vLLM run those same inspections (its
-``ModelRegistry._try_inspect_model_cls``, both architectures at once) in a background process
-while this one imports and builds its inputs; ``wait`` joins it before the config is built, so
+``ModelRegistry._try_inspect_model_cls``, without the subprocess hop: ``_inspect``) in a
+background process while this one imports and builds its inputs; ``wait`` joins it before the config is built, so
 vLLM then reads what it cached instead of inspecting again.
 
 An optimisation only: it decides nothing. Failing, absent (no GPU, a vLLM without that
@@ -155,19 +155,42 @@ def wait() -> None:
           f"({time.perf_counter() - _started:.1f} s after it started)", file=sys.stderr, flush=True)
 
 
+def inspect_in_this_process() -> bool:
+    """From now on vLLM's model registry runs its model-class inspection in this process
+    instead of a fresh subprocess (after loading vLLM's plugins, as that subprocess does): for
+    throwaway processes only (this module's background process; the CPU tier's vLLM probe,
+    where each cold inspection subprocess cost ~23 s of CPU). False where this vLLM lacks the hook."""
+    from vllm.model_executor.models import registry
+
+    if not callable(getattr(registry, "_run_in_subprocess", None)):
+        return False
+    try:
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+    except ImportError:
+        pass
+    registry._run_in_subprocess = lambda fn: fn()
+    return True
+
+
 def _inspect(key: str) -> int:
-    """The background process: vLLM inspects every architecture at once (each in vLLM's own
-    subprocess, so the threads only wait), then the marker is written. 0 all inspected."""
-    from concurrent.futures import ThreadPoolExecutor
+    """The background process: vLLM's own inspection of each architecture (its
+    ``inspect_model_cls``: module hash, ``_ModelInfo.from_model_cls``, its cache file), run in
+    this process, then the marker is written. 0 all inspected.
 
-    from vllm.model_executor.models.registry import ModelRegistry
+    vLLM runs ``from_model_cls`` in a fresh subprocess only so that the *serving* process never
+    initialises CUDA; that second interpreter importing torch and vLLM again is what made the
+    inspection slow (lease 2026-12-02d: this process spent 40.8 s when it went through vLLM's
+    two subprocesses at once). This throwaway process may initialise anything, so the hop is
+    skipped here (``inspect_in_this_process``); where this vLLM lacks the hook, its subprocess
+    runs as before."""
+    from vllm.model_executor.models import registry
 
-    inspect = getattr(ModelRegistry, "_try_inspect_model_cls", None)
+    inspect = getattr(registry.ModelRegistry, "_try_inspect_model_cls", None)
     if inspect is None:
         return 3
-    with ThreadPoolExecutor(len(ARCHS)) as ex:
-        infos = list(ex.map(inspect, ARCHS))
-    if any(i is None for i in infos):
+    inspect_in_this_process()
+    if any(inspect(arch) is None for arch in ARCHS):
         return 4
     path = _marker_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)

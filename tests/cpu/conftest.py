@@ -106,7 +106,10 @@ def _vllm_probe_started(request, tmp_path_factory):
                # Python processes to JIT-build its CUDA launcher and nvrtc helper (~20 s of CPU on the
                # CI cores, and the probe's exit waits for them); the probe runs no kernel, so it never
                # needs them (humming then builds on first use). Same JSON answers either way.
-               HUMMING_DISABLE_PARALLEL_BUILD="1")
+               HUMMING_DISABLE_PARALLEL_BUILD="1",
+               # vLLM's model-info cache for this run only: what the probe's in-process model-class
+               # inspection (under the faked platform) writes never reaches a real run's cache
+               VLLM_CACHE_ROOT=str(d / "vllm-cache"))
     proc = subprocess.Popen(
         ["bash", "-c", '"$@" >"$OUT/stdout" 2>"$OUT/stderr"; echo $? >"$OUT/rc.part"; mv "$OUT/rc.part" "$OUT/rc"',
          "probe", sys.executable, str(PROBE), "plan", str(d / "plan.json")],
