@@ -123,7 +123,10 @@ def _vllm_probe_started(request, tmp_path_factory):
 
 class ProbeResults:
     """The probe's answers: ``config[id]``, ``load[id]`` (dicts; a "crash" key holds a traceback)
-    and ``build(hf)`` (the row for that HF config dict)."""
+    and ``build(hf)`` (the row for that HF config dict); ``dir``: the probe's directory (its
+    plan, output, and the run's own vLLM cache, ``vllm-cache``)."""
+
+    dir = None
 
     def __init__(self, plan: dict, lines: list[dict]):
         self.config = {d["id"]: d for d in lines if d.get("mode") == "config"}
@@ -158,5 +161,6 @@ def vllm_probe(_vllm_probe_started, tmp_path_factory) -> ProbeResults:
     plan = json.loads((d / "plan.json").read_text())
     lines = [json.loads(line) for line in (d / "stdout").read_text().splitlines() if line.startswith("{")]
     res = ProbeResults(plan, lines)
+    res.dir = d
     res.stderr = stderr
     return res
