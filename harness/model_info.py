@@ -121,12 +121,12 @@ def start() -> bool:
     except OSError:
         _proc = None
         return False
-    atexit.register(_stop)
+    atexit.register(stop)
     return True
 
 
-def _stop() -> None:
-    """Kill the background process and vLLM's subprocesses under it (its own session)."""
+def stop() -> None:
+    """Kill the background process, and anything it started (its own session), if still running."""
     global _proc
     proc, _proc = _proc, None
     if proc is not None and proc.poll() is None:
@@ -149,7 +149,7 @@ def wait() -> None:
         _proc = None
         how = "done" if rc == 0 else f"failed (exit {rc}); vLLM inspects as usual"
     except subprocess.TimeoutExpired:
-        _stop()
+        stop()
         how = f"gave up after {WAIT_S:.0f} s; vLLM inspects as usual"
     print(f"model info: vLLM's inspection of {', '.join(ARCHS)} in the background: {how} "
           f"({time.perf_counter() - _started:.1f} s after it started)", file=sys.stderr, flush=True)

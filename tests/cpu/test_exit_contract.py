@@ -629,3 +629,27 @@ def test_a_return_value_outside_the_contract_cannot_judge(capsys):
 
     assert run_guarded(lambda: None) == 125 and run_guarded(lambda: -9) == 125 and run_guarded(lambda: 1) == 1
     assert capsys.readouterr().out.count("cannot judge:") == 2
+
+
+def test_interpreter_teardown_cannot_change_the_exit_code(tmp_path):
+    """``python -m harness`` ends with the command's code once it has printed its verdict: an exit
+    hook that would crash or exit differently at interpreter shutdown (as vLLM's and torch's
+    teardown on a GPU host may) never runs, and the piped output is complete."""
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "atexit.register(lambda: (sys.stdout.write('teardown ran\\n'), sys.stdout.flush(), os._exit(99)))\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(root)])
+    r = subprocess.run([sys.executable, "-m", "harness", "warmup", "--case", "nope"], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: --case nope: unknown"), (r.returncode, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "harness", "warmup", "--case", "tiny-k1"], cwd=root,
+                       env={**env, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 125 and r.stdout.strip() == "cannot judge: warmup: no CUDA device", (r.returncode, r.stdout)
+    assert "teardown ran" not in r.stdout
+    r = subprocess.run([sys.executable, "-c", "print('plain python')"], env=env, capture_output=True, text=True)
+    assert r.returncode == 99 and "teardown ran" in r.stdout  # the hook is live in a plain interpreter
