@@ -7,8 +7,8 @@ torch and vLLM again, one after the other, on the critical path: a cold ``harnes
 (lease 2026-12-02d) spent 19.9 s and 15.3 s there, against 0.02 s and 1.2 s once vLLM had
 cached them. ``start`` has vLLM run those same inspections (its
 ``ModelRegistry._try_inspect_model_cls``, without the subprocess hop: ``_inspect``) in a
-background process while this one imports and builds its inputs; ``wait`` joins it before the config is built, so
-vLLM then reads what it cached instead of inspecting again.
+background process while this one imports and builds its inputs; ``wait`` joins it before the
+config is built, so vLLM then reads what it cached instead of inspecting again.
 
 An optimisation only: it decides nothing. Failing, absent (no GPU, a vLLM without that
 method) or late (``wait`` gives up after ``WAIT_S``), vLLM inspects exactly as it always did.
@@ -32,7 +32,7 @@ import time
 ARCHS = ("HYV4ForCausalLM", "HYV4MTPModel")  # the target, and the draft vLLM rewrites it to for "mtp"
 PACKAGE = ("vllm", "models", "hy_v4")  # where both classes live (keys the marker)
 MARKER = "hyv4-model-info.json"
-WAIT_S = 120.0  # cold, the two inspections took 20 s one after the other: far more is a hang
+WAIT_S = 120.0  # cold, through vLLM's two subprocesses at once, it took 40.8 s: far more is a hang
 COMMANDS = ("main", "compare", "bisect-check", "warmup")  # the CLI commands that build a VllmConfig first thing
 OFF_ENV = "HYV4_MODEL_INFO_PREFETCH"  # "0": never start it
 
