@@ -21,5 +21,10 @@ try:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    try:  # and what C/C++ code (vLLM's, torch's, NCCL's) printed into the C library's buffers
+        import ctypes
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 finally:
     os._exit(code)
