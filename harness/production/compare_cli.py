@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
-from harness.report import write_report
 
 # Together these exercise every regime of harness/regimes.py above its threshold
 # (tests/cpu/test_regimes.py): tiny-k3-share index sharing, K = 3 and a heavy sink;
@@ -36,7 +35,6 @@ def _case_for(args):
     """The GpuCase ``compare`` runs: a checkpoint directory, preset:NAME (seeded weights) or a GPU case id."""
     import os
 
-    from harness.checkpoint.quant import quant_of_config
     from harness.presets import check_kernel_constraints, preset
     from reference import ConfigError, MTPConfig
 
@@ -51,6 +49,7 @@ def _case_for(args):
         # name, shape, dtype, finiteness, scales, duplicates across shards) before
         # any GPU question: a bad checkpoint is bad input (exit 2) on any machine
         loaded = _validated_checkpoint(path)
+        from harness.checkpoint.quant import quant_of_config
         case = GpuCase(f"ckpt-{os.path.basename(path.rstrip(os.sep))}-seed{args.seed}", ckpt_dir=path,
                        seed=args.seed, steps=args.steps, requests=2, tokens=160)
         try:
@@ -219,6 +218,7 @@ def compare_command(args) -> int:
 def _write_report(path, reports, meta) -> None:
     """``write_report``; a failed write is one line (a bad path: 2, a full disk: 125), nothing left behind."""
     from harness.atomic import write_errors, write_failure
+    from harness.report import write_report  # imports torch: only once there is a report to write
 
     try:
         write_report(path, reports, meta)
