@@ -112,9 +112,12 @@ def cmd_compare(args) -> int:
 
 def cmd_main_job(args) -> int:
     """The README's main job: side by side on the built-in synthetic case where a
-    GPU is present; else the reference checked against its goldens."""
+    GPU is present; else the reference checked against its goldens. Its arguments are those of
+    ``compare`` and are checked as such on any machine (bad input is exit 2 with or without a GPU)."""
     from . import runtime
+    from .production.compare_cli import validate_args
 
+    validate_args("compare_command", args)
     reason = runtime.cannot_run_production_reason()
     if reason is None:
         return cmd_compare(args)

@@ -653,3 +653,15 @@ def test_interpreter_teardown_cannot_change_the_exit_code(tmp_path):
     assert "teardown ran" not in r.stdout
     r = subprocess.run([sys.executable, "-c", "print('plain python')"], env=env, capture_output=True, text=True)
     assert r.returncode == 99 and "teardown ran" in r.stdout  # the hook is live in a plain interpreter
+
+
+@pytest.mark.parametrize("argv, culprit", [(("--steps", "0"), "--steps must be >= 1"),
+                                           (("--tp", "3"), "--tp 3 does not divide num_attention_heads 4"),
+                                           (("preset:nope",), "unknown preset 'nope'")])
+def test_main_job_rejects_bad_input_on_a_host_without_a_gpu(monkeypatch, capsys, argv, culprit):
+    """The main job's arguments are compare's: exit 2 on any machine, not ignored where the
+    job falls back to the reference goldens (a GPU host already said 2)."""
+    from harness import runtime
+
+    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
+    _assert_one_line(*_run(capsys, "main", *argv), 2, culprit)
