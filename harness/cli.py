@@ -124,7 +124,7 @@ def cmd_main_job(args) -> int:
     print(f"no production path here ({reason}): checking the reference against its goldens")
     from .golden_check import check_reference_goldens
 
-    return check_reference_goldens(verbose=True)
+    return check_reference_goldens(verbose=True, report=args.report)
 
 
 def cmd_report(args) -> int:

@@ -38,12 +38,14 @@ def record_case(case_id: str) -> None:
     })
 
 
-def check_reference_goldens(verbose: bool = False) -> int:
+def check_reference_goldens(verbose: bool = False, report: str | None = None) -> int:
     """0 when every golden case matches, 1 on a mismatch, else 125 when a golden is missing or
-    corrupt (no verdict on that case: ``harness.exitcodes``)."""
+    corrupt (no verdict on that case: ``harness.exitcodes``). ``report``: the judged cases' reports
+    as one JSON file (``harness.report``, as ``compare --report`` writes them)."""
     from .exitcodes import EXIT_CANNOT_JUDGE, worst
 
     status = 0
+    reports = {}
     for cid in GOLDEN_CASES:
         try:
             rep = check_case(cid)
@@ -58,4 +60,13 @@ def check_reference_goldens(verbose: bool = False) -> int:
         if verbose and not ok:
             print(rep.table())
         status = worst([status, 0 if ok else 1])
+        reports[cid] = rep
+    if report:
+        from .atomic import write_errors, write_failure
+        from .report import write_report
+
+        try:
+            write_report(report, reports, {"job": "reference vs goldens (no GPU)"})
+        except write_errors() as exc:
+            raise write_failure(f"--report {report}", exc) from exc
     return status

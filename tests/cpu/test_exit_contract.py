@@ -665,3 +665,20 @@ def test_main_job_rejects_bad_input_on_a_host_without_a_gpu(monkeypatch, capsys,
 
     monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
     _assert_one_line(*_run(capsys, "main", *argv), 2, culprit)
+
+
+def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys):
+    """``main --report`` where the job falls back to the reference goldens: the judged cases'
+    reports in compare's format (``harness report`` reads it), not silently nothing."""
+    from harness import runtime
+    from harness.golden_check import GOLDEN_CASES
+    from harness.report import read_report
+
+    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
+    code, lines, text = _run(capsys, "main", "--report", tmp_path / "r.json")
+    assert code == 0, text
+    doc = read_report(tmp_path / "r.json")
+    assert sorted(doc["cases"]) == sorted(GOLDEN_CASES) and doc["meta"]["job"].startswith("reference vs goldens")
+    (tmp_path / "a-file").write_text("x")
+    code, lines, text = _run(capsys, "main", "--report", tmp_path / "a-file" / "r.json")
+    assert code == 2 and "--report" in lines[-1] and "Traceback" not in text, text
