@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -260,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     # parser imports it): a module imported earlier never reads the bytecode cached there
     apply_jit_cache()
     precompile_bytecode()  # a cold bytecode layer on a many-core host: all at once, not one by one
+    args = build_parser().parse_args(argv)  # imports no torch
     from . import model_info
-    if model_info.wanted(sys.argv[1:] if argv is None else argv):
+    if model_info.wanted(args):
         model_info.start()  # vLLM's model-class inspection, cold: beside the imports, not after them
-    args = build_parser().parse_args(argv)
     return run_guarded(args.func, args, debug=args.debug)

@@ -78,28 +78,14 @@ def done_for(key: str | None) -> bool:
         return False
 
 
-def wanted(argv: list[str]) -> bool:
-    """Whether a CLI invocation should start it: a command that builds a VllmConfig, on a host
-    with an NVIDIA GPU (elsewhere vLLM is never built), not switched off."""
+def wanted(args) -> bool:
+    """Whether a parsed ``python -m harness`` command should start it: one that builds a
+    VllmConfig itself (not a warmup with lanes: each lane is a ``harness warmup`` process of its
+    own), on a host with an NVIDIA GPU (elsewhere vLLM is never built), not switched off."""
     from .runtime import gpu_device_nodes
 
-    cmd = next((a for a in argv if not a.startswith("-")), None)
-    if cmd == "warmup" and _lanes(argv) > 1:
-        return False  # its lanes are `harness warmup` processes of their own: each starts one
-    return (cmd in COMMANDS and os.environ.get(OFF_ENV, "1") != "0" and bool(gpu_device_nodes()))
-
-
-def _lanes(argv: list[str]) -> int:
-    """``--lanes N`` / ``--lanes=N`` of a warmup command line (1 when absent or not a number)."""
-    for i, a in enumerate(argv):
-        val = a.split("=", 1)[1] if a.startswith("--lanes=") else (
-            argv[i + 1] if a == "--lanes" and i + 1 < len(argv) else None)
-        if val is not None:
-            try:
-                return int(val)
-            except ValueError:
-                return 1
-    return 1
+    return (getattr(args, "command", None) in COMMANDS and (getattr(args, "lanes", None) or 1) <= 1
+            and os.environ.get(OFF_ENV, "1") != "0" and bool(gpu_device_nodes()))
 
 
 def _command(key: str) -> list[str]:

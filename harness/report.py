@@ -19,6 +19,17 @@ def write_report(path: str | Path, reports: dict[str, Report], meta: dict | None
     return atomic_write_json(path, doc, sort_keys=True)
 
 
+def save_report(path: str | Path, reports: dict[str, Report], meta: dict | None = None) -> Path:
+    """``write_report`` for a command's ``--report``: a failed write is one line (a bad path: 2,
+    a full disk: 125; ``harness.atomic.write_failure``), nothing left behind."""
+    from .atomic import write_errors, write_failure
+
+    try:
+        return write_report(path, reports, meta)
+    except write_errors() as exc:
+        raise write_failure(f"--report {path}", exc) from exc
+
+
 # what format_table / diff / plot read from each component of a report
 _COMPONENT_FIELDS = {"name": (str,), "passed": (bool,), "max_abs": (int, float), "max_rel": (int, float),
                      "similarity_gap": (int, float)}

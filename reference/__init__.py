@@ -54,9 +54,4 @@ def flatten(result: DraftResult) -> dict:
     return out
 
 
-__all__ = [
-    "ConfigError", "DraftCache", "DraftResult", "EXACT", "MTPConfig", "Numerics", "PRODUCTION",
-    "RopeConfig", "StepInput", "UnwrittenKVError", "check_weights", "compact_topk", "draft",
-    "flatten", "forward_step", "layer_weights", "make_case", "numerics_by_name", "random_weights",
-    "request_lengths", "shapes", "shard_all", "shard_layer",
-]
+__all__ = sorted(["ConfigError", "MTPConfig", "RopeConfig", "flatten", *_LAZY])

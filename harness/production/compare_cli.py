@@ -177,6 +177,8 @@ def _run_tp(case, tp: int):
 
 
 def compare_command(args) -> int:
+    from harness.report import save_report  # imports torch: not while the arguments are checked
+
     case = _case_for(args)
     tp = getattr(args, "tp", 1)
     if isinstance(case, str):  # an engine case: vLLM's speculator end to end
@@ -185,7 +187,7 @@ def compare_command(args) -> int:
         engine, verdict = run_engine_cases([case])
         if args.report:
             from harness.production.module.side_by_side import versions
-            _write_report(args.report, {}, {"versions": versions(), "engine": engine})
+            save_report(args.report, {}, {"versions": versions(), "engine": engine})
         return verdict
     if tp > 1:
         res, code, line = _run_tp(case, tp)
@@ -210,20 +212,9 @@ def compare_command(args) -> int:
         reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
     if args.report:
         result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case))
-        _write_report(args.report, reports, {"versions": versions()})
+        save_report(args.report, reports, {"versions": versions()})
         print(f"report: {args.report}")
     return EXIT_OK if result["passed"] and (vs is None or vs.passed) else EXIT_MISMATCH
-
-
-def _write_report(path, reports, meta) -> None:
-    """``write_report``; a failed write is one line (a bad path: 2, a full disk: 125), nothing left behind."""
-    from harness.atomic import write_errors, write_failure
-    from harness.report import write_report  # imports torch: only once there is a report to write
-
-    try:
-        write_report(path, reports, meta)
-    except write_errors() as exc:
-        raise write_failure(f"--report {path}", exc) from exc
 
 
 def _bisect_side_by_side(ids, plant) -> tuple[dict, dict, int, str | None]:
@@ -261,6 +252,7 @@ def _bisect_side_by_side(ids, plant) -> tuple[dict, dict, int, str | None]:
 
 def bisect_command(args) -> int:
     from harness.regimes import coverage, uncovered
+    from harness.report import save_report
 
     from harness.production.engine.cases import ENGINE_CASES
     from harness.production.module.side_by_side import versions
@@ -286,7 +278,7 @@ def bisect_command(args) -> int:
     if missing:  # a harness weakness, not a vLLM verdict: reported, the exit code stays vLLM's
         print(f"warning: no case of this run exercises the regime(s) {missing} (harness/regimes.py)")
     if args.report:
-        _write_report(args.report, reports, {"versions": versions(), "engine": engine, "regimes": regime_values,
+        save_report(args.report, reports, {"versions": versions(), "engine": engine, "regimes": regime_values,
                                              "regime_coverage": coverage(regime_values)})
     return verdict
 

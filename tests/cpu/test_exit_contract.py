@@ -615,11 +615,10 @@ def test_main_job_with_a_corrupt_golden_cannot_judge(monkeypatch, capsys):
 def test_report_write_failure_of_compare_and_bisect(tmp_path, monkeypatch):
     from harness import report
     from harness.exitcodes import CannotJudge, classify
-    from harness.production import compare_cli
 
     monkeypatch.setattr(report, "atomic_write_json", _oserror_disk_full)
     with pytest.raises(CannotJudge) as ei:
-        compare_cli._write_report(tmp_path / "r.json", {}, {})
+        report.save_report(tmp_path / "r.json", {}, {})
     code, line = classify(ei.value)
     assert code == 125 and "--report" in line and "r.json" in line and "No space left" in line
 

@@ -396,20 +396,24 @@ def _stand_in_vllm(tmp_path, monkeypatch):
 def test_model_info_prefetch_is_wanted_only_where_vllm_is_built(monkeypatch):
     """Started for the commands that build a VllmConfig, on a host with a GPU, unless switched off."""
     from harness import model_info, runtime
+    from harness.cli import build_parser
+
+    def wanted(*argv):
+        return model_info.wanted(build_parser().parse_args(list(argv)))
 
     monkeypatch.delenv(model_info.OFF_ENV, raising=False)
     monkeypatch.setattr(runtime, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
-    assert model_info.wanted(["main"]) and model_info.wanted(["--debug", "compare", "preset:tiny"])
-    assert model_info.wanted(["bisect-check"]) and model_info.wanted(["warmup", "--if-cold"])
-    assert model_info.wanted(["warmup", "--lanes", "1"]) and model_info.wanted(["warmup", "--lanes", "x"])
+    assert wanted("main") and wanted("--debug", "compare", "preset:tiny")
+    assert wanted("bisect-check") and wanted("warmup", "--if-cold")
+    assert wanted("warmup", "--lanes", "1")
     # with lanes the parent builds nothing: each lane (`harness warmup --case ...`) starts its own
-    assert not model_info.wanted(["warmup", "--lanes", "4"]) and not model_info.wanted(["warmup", "--lanes=2"])
-    assert not model_info.wanted(["reference", "preset:tiny", "--out", "x"]) and not model_info.wanted([])
+    assert not wanted("warmup", "--lanes", "4") and not wanted("warmup", "--lanes=2")
+    assert not wanted("reference", "preset:tiny", "--out", "x")
     monkeypatch.setenv(model_info.OFF_ENV, "0")
-    assert not model_info.wanted(["main"])
+    assert not wanted("main")
     monkeypatch.delenv(model_info.OFF_ENV)
     monkeypatch.setattr(runtime, "gpu_device_nodes", lambda: [])
-    assert not model_info.wanted(["main"])
+    assert not wanted("main")
 
 
 def test_model_info_marker_is_keyed_by_the_model_files_and_cache_root(tmp_path, monkeypatch):
