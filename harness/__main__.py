@@ -12,8 +12,11 @@ import logging
 import os
 import sys
 
-from . import model_info
-from .cli import main
+from .runtime import defer_gc
+
+defer_gc()  # the program's start-up only (not where a test calls cli.main): runtime.end_gc_deferral
+from . import model_info  # noqa: E402
+from .cli import main  # noqa: E402
 
 code = main()
 try:

@@ -188,4 +188,10 @@ def _inspect(key: str) -> int:
 
 
 if __name__ == "__main__":
+    import gc
+
+    from harness.runtime import apply_jit_cache
+
+    gc.disable()  # a throwaway process that only imports and inspects (harness.runtime.defer_gc)
+    apply_jit_cache()  # the parent's root is in the environment: this adds the package-map layer
     sys.exit(_inspect(sys.argv[1]))

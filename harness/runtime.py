@@ -65,6 +65,7 @@ JIT_CACHE_LAYOUT = {
                                                # and nvrtc helper, built in the background at import
     "TVM_FFI_CACHE_DIR": "tvm-ffi",            # tvm-ffi's JIT extensions (FlashInfer's and others' FFI)
     "PYTHONPYCACHEPREFIX": "pycache",          # Python bytecode of torch / vLLM / FlashInfer (below)
+    "HYV4_PACKAGE_MAP_CACHE": "python-metadata",  # importlib.metadata.packages_distributions() (below)
 }
 # Python bytecode is a JIT layer too: the lent H200 hosts set PYTHONDONTWRITEBYTECODE and ship
 # torch without .pyc files, so every process re-compiled the sources of torch, transformers and
@@ -87,8 +88,10 @@ def apply_jit_cache(root: str | None = None) -> dict[str, str]:
     """Point the JIT layers at one cache root: ``root``, else ``$HYV4_JIT_CACHE``; without
     either, nothing changes (each library keeps its own default under ``~``). A variable the
     user already set wins. With a root, Python bytecode is written under ROOT/pycache even where
-    the host sets PYTHONDONTWRITEBYTECODE (unless PYTHONPYCACHEPREFIX is set already). Returns
-    the variables this call set. Cheap: imports nothing."""
+    the host sets PYTHONDONTWRITEBYTECODE (unless PYTHONPYCACHEPREFIX is set already), and
+    ``importlib.metadata.packages_distributions`` answers from ROOT/python-metadata
+    (``memoize_packages_distributions``; an empty ``$HYV4_PACKAGE_MAP_CACHE`` turns that off).
+    Returns the variables this call set. Cheap: imports no torch, vLLM or transformers."""
     import os
 
     root = root or os.environ.get(JIT_CACHE_ENV) or None
@@ -102,6 +105,8 @@ def apply_jit_cache(root: str | None = None) -> dict[str, str]:
             os.environ[var] = done[var] = path
     if BYTECODE_VAR in done:
         _write_bytecode_under(done[BYTECODE_VAR])
+    if os.environ.get(PACKAGE_MAP_VAR):
+        memoize_packages_distributions(os.environ[PACKAGE_MAP_VAR])
     return done
 
 
@@ -115,6 +120,105 @@ def _write_bytecode_under(prefix: str) -> None:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.pycache_prefix = prefix
     sys.dont_write_bytecode = False
+
+
+# The cyclic GC while a process starts: importing torch, transformers and vLLM grows the heap by
+# millions of long-lived objects, and each growth step sets off a full collection that walks all
+# of them and frees next to nothing (on this project's CPU machine: 2.25 s of a 13.9 s `import
+# torch, vllm.engine.arg_utils, vllm.models.hy_v4.nvidia.mtp`, 9 full collections; measured with
+# gc.callbacks). A command pauses it from its start (``defer_gc``) until the imports are done and
+# nothing it builds yet exists (``end_gc_deferral``: gc.freeze() moves what exists out of the GC's
+# walk for good, then the GC resumes). The root conftest does the same for pytest processes.
+_GC_DEFERRED = False
+
+
+def defer_gc() -> None:
+    """Pause the cyclic GC for this process's start-up (reference counting still frees every
+    object not in a cycle); ``end_gc_deferral`` resumes it."""
+    global _GC_DEFERRED
+    import gc
+
+    if gc.isenabled():
+        gc.disable()
+        _GC_DEFERRED = True
+
+
+def end_gc_deferral() -> None:
+    """Start-up is over: freeze what exists (modules, classes, configs) and resume the GC. Call it
+    before building what a run frees later (a model, an engine): a frozen object is never
+    collected. Nothing happens unless ``defer_gc`` paused the GC."""
+    global _GC_DEFERRED
+    if _GC_DEFERRED:
+        import gc
+
+        _GC_DEFERRED = False
+        gc.freeze()
+        gc.enable()
+
+
+# transformers calls ``importlib.metadata.packages_distributions()`` when it is imported. That reads
+# the RECORD of every installed distribution without a top_level.txt and stats each file listed
+# there: 3.05 s of import self time in a warm `harness main` on an H200 host (lease 2026-12-02e,
+# `-X importtime`; 34k stat calls in its cProfile), in every process that imports vLLM. Its
+# answer depends only on the installed distributions, so it is kept under the cache root, keyed
+# by the Python, ``sys.path`` and each path entry's distribution directories with their mtimes
+# (an install, upgrade or removal changes the key), and recomputed on any change.
+PACKAGE_MAP_VAR = "HYV4_PACKAGE_MAP_CACHE"
+
+
+def _distributions_key() -> str:
+    """A digest of what ``packages_distributions()`` depends on: the Python, ``sys.path`` and,
+    per path entry, its ``*.dist-info`` / ``*.egg-info`` entries and their mtimes (cheap: one
+    directory listing per entry, no RECORD read)."""
+    import hashlib
+    import os
+    import sys
+
+    parts = [sys.version, repr(sys.path)]
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or ".") as it:
+                found = sorted((e.name, e.stat().st_mtime_ns) for e in it
+                               if e.name.endswith((".dist-info", ".egg-info")))
+        except OSError:  # not a directory (a zip, a missing entry): no distributions listed there
+            continue
+        parts.append(f"{entry}\0{found!r}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def memoize_packages_distributions(directory: str) -> None:
+    """Make ``importlib.metadata.packages_distributions`` answer from ``directory`` when the
+    installed distributions are the ones it was computed for (``_distributions_key``), else
+    compute it as before and keep the answer there. The same dict either way (JSON keeps the
+    order of keys and lists). A layer that cannot be read or written only costs the time."""
+    import importlib.metadata as md
+    import json
+    import os
+
+    if getattr(md.packages_distributions, "_hyv4_memo_of", None) is not None:
+        return
+    compute = md.packages_distributions
+
+    def packages_distributions():
+        path = os.path.join(directory, f"packages_distributions-{_distributions_key()}.json")
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+            if isinstance(doc, dict) and all(isinstance(v, list) for v in doc.values()):
+                return doc
+        except (OSError, ValueError):
+            pass
+        answer = compute()
+        try:
+            from .atomic import atomic_write_json
+            atomic_write_json(path, answer)
+        except (OSError, TypeError, ValueError):
+            pass
+        return answer
+
+    packages_distributions._hyv4_memo_of = compute
+    packages_distributions.__doc__ = compute.__doc__
+    md.packages_distributions = packages_distributions
 
 
 # A cold bytecode layer (a fresh host) is filled by the first process, one module at a time as

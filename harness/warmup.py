@@ -53,7 +53,7 @@ import time
 
 from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from . import runtime  # cannot_run_production_reason looked up at call time (tests patch it)
-from .runtime import BYTECODE_VAR, GPU_DEVICE_GLOB, JIT_CACHE_ENV, apply_jit_cache, jit_cache_env
+from .runtime import BYTECODE_VAR, GPU_DEVICE_GLOB, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
 
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
 
@@ -394,8 +394,9 @@ def run(args, log=print) -> dict:
 
 # Not packed: Python's bytecode (ROOT/pycache) is keyed by each source's path on this host, is
 # rebuilt by the next host's first process in seconds, and is the largest layer (~70 MiB for
-# torch and transformers alone on the H200 host).
-NOT_PACKED = {BYTECODE_VAR}
+# torch and transformers alone on the H200 host). Likewise the package map (ROOT/python-metadata,
+# keyed by this host's sys.path), which the next host's first import recomputes.
+NOT_PACKED = {BYTECODE_VAR, PACKAGE_MAP_VAR}
 
 
 def pack(root: str, dest: str) -> int:

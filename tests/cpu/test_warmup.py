@@ -33,6 +33,8 @@ def no_jit_cache(monkeypatch):
             monkeypatch.delenv(var)
     monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
     monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+    import importlib.metadata  # and the package-map layer (runtime.memoize_packages_distributions)
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", importlib.metadata.packages_distributions)
 
 
 @pytest.mark.parametrize("argv, culprit", [
@@ -70,6 +72,67 @@ def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch, 
     assert os.environ[runtime.JIT_CACHE_ENV] == str(tmp_path)
     assert sys.pycache_prefix == str(tmp_path / "pycache") and not sys.dont_write_bytecode
     assert "PYTHONDONTWRITEBYTECODE" not in os.environ
+    import importlib.metadata
+    assert importlib.metadata.packages_distributions._hyv4_memo_of is not None  # the package-map layer
+
+
+def test_package_map_layer_answers_as_importlib_and_follows_installs(tmp_path, monkeypatch, no_jit_cache):
+    """``packages_distributions()`` through the layer: the same dict (order included) as
+    importlib's own, read back from the layer without recomputing, and recomputed once the
+    installed distributions change (a new ``*.dist-info`` on ``sys.path``)."""
+    import importlib.metadata as md
+
+    compute = md.packages_distributions
+    calls = []
+    monkeypatch.setattr(md, "packages_distributions", lambda: calls.append(1) or compute())
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    layer = tmp_path / "layer"
+    runtime.memoize_packages_distributions(str(layer))
+    runtime.memoize_packages_distributions(str(layer))  # once per process: not wrapped twice
+    first = md.packages_distributions()
+    assert len(calls) == 1 and list(first.items()) == list(compute().items())
+    assert len(list(layer.glob("packages_distributions-*.json"))) == 1
+    again = md.packages_distributions()
+    assert len(calls) == 1 and list(again.items()) == list(first.items())  # from the layer
+
+    dist = site / "stand_in_dist-1.0.dist-info"  # an install: its package appears in the answer
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: stand-in-dist\nVersion: 1.0\n")
+    (dist / "top_level.txt").write_text("stand_in_pkg\n")
+    after = md.packages_distributions()
+    assert len(calls) == 2 and after["stand_in_pkg"] == ["stand-in-dist"]
+    assert len(list(layer.glob("packages_distributions-*.json"))) == 2
+
+    for f in layer.glob("*.json"):  # an unreadable layer costs the time, not the answer
+        f.write_text("{not json")
+    assert md.packages_distributions() == after and len(calls) == 3
+
+
+def test_gc_deferral_is_the_program_start_only(monkeypatch):
+    """``python -m harness`` pauses the cyclic GC for its imports and resumes it (frozen) when a
+    model is about to be built; ``end_gc_deferral`` touches nothing it did not pause, and a test
+    calling ``cli.main`` in process does not pause it."""
+    import gc
+
+    monkeypatch.setattr(runtime, "_GC_DEFERRED", False)
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        runtime.defer_gc()
+        assert not gc.isenabled()
+        frozen = gc.get_freeze_count()
+        runtime.end_gc_deferral()
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen
+        gc.disable()  # paused by someone else (the root conftest while collecting): left so
+        runtime.end_gc_deferral()
+        assert not gc.isenabled()
+        gc.enable()
+        assert main(["warmup", "--case", "no-such-case"]) == 2  # the whole of cli.main, in process
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path):

@@ -104,7 +104,9 @@ def build_llm(hf_config: dict, case: EngineCase):
     from vllm import LLM
 
     from harness.production.module.vllm_config import write_model_dir
+    from harness.runtime import end_gc_deferral
 
+    end_gc_deferral()  # `python -m harness.production.engine` paused it for its imports
     return LLM(**engine_kwargs(write_model_dir(hf_config), case))
 
 
