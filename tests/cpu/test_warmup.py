@@ -77,14 +77,20 @@ def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch, 
 
 
 def test_package_map_layer_answers_as_importlib_and_follows_installs(tmp_path, monkeypatch, no_jit_cache):
-    """``packages_distributions()`` through the layer: the same dict (order included) as
-    importlib's own, read back from the layer without recomputing, and recomputed once the
-    installed distributions change (a new ``*.dist-info`` on ``sys.path``)."""
+    """``packages_distributions()`` through the layer: importlib's own answer, read back from the
+    layer as the same dict (order included) without recomputing, and recomputed once the
+    installed distributions change (a new ``*.dist-info`` on ``sys.path``) or the layer's file
+    cannot be read. (importlib's answer is computed once here: ~0.6 s of CPU each time.)"""
     import importlib.metadata as md
 
     compute = md.packages_distributions
     calls = []
-    monkeypatch.setattr(md, "packages_distributions", lambda: calls.append(1) or compute())
+
+    def counted():
+        calls.append(1)
+        return compute() if len(calls) == 1 else {"stand_in_pkg": ["stand-in-dist"], "n": [str(len(calls))]}
+
+    monkeypatch.setattr(md, "packages_distributions", counted)
     site = tmp_path / "site"
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
@@ -92,22 +98,20 @@ def test_package_map_layer_answers_as_importlib_and_follows_installs(tmp_path, m
     runtime.memoize_packages_distributions(str(layer))
     runtime.memoize_packages_distributions(str(layer))  # once per process: not wrapped twice
     first = md.packages_distributions()
-    assert len(calls) == 1 and list(first.items()) == list(compute().items())
+    assert len(calls) == 1 and len(first) > 10 and "torch" in first
     assert len(list(layer.glob("packages_distributions-*.json"))) == 1
     again = md.packages_distributions()
-    assert len(calls) == 1 and list(again.items()) == list(first.items())  # from the layer
+    assert len(calls) == 1 and list(again.items()) == list(first.items())  # from the layer, same order
 
-    dist = site / "stand_in_dist-1.0.dist-info"  # an install: its package appears in the answer
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: stand-in-dist\nVersion: 1.0\n")
-    (dist / "top_level.txt").write_text("stand_in_pkg\n")
+    (site / "stand_in_dist-1.0.dist-info").mkdir()  # an install changes the key: computed again
     after = md.packages_distributions()
-    assert len(calls) == 2 and after["stand_in_pkg"] == ["stand-in-dist"]
+    assert len(calls) == 2 and after == {"stand_in_pkg": ["stand-in-dist"], "n": ["2"]}
     assert len(list(layer.glob("packages_distributions-*.json"))) == 2
+    assert md.packages_distributions() == after and len(calls) == 2
 
     for f in layer.glob("*.json"):  # an unreadable layer costs the time, not the answer
         f.write_text("{not json")
-    assert md.packages_distributions() == after and len(calls) == 3
+    assert md.packages_distributions() == {"stand_in_pkg": ["stand-in-dist"], "n": ["3"]} and len(calls) == 3
 
 
 def test_gc_deferral_is_the_program_start_only(monkeypatch):
