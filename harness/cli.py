@@ -40,7 +40,24 @@ def _load_case_inputs(args):
     return hf, cfg, random_weights(cfg, args.seed)
 
 
+def _check_reference_args(args) -> None:
+    """``reference``'s bad input, before torch is imported or a device is asked about (exit 2
+    on any machine, in a fraction of a second): the counts, --out, and a preset's name."""
+    if args.steps < 1 or args.requests < 1 or args.tokens < 1 or args.tp < 1:
+        raise CLIError("--steps, --requests, --tokens and --tp must be >= 1")
+    if Path(args.out).is_dir():
+        raise CLIError(f"--out {args.out}: is a directory; give a .safetensors file path")
+    if args.ckpt and args.ckpt.startswith("preset:"):
+        from .presets import preset
+
+        try:
+            preset(args.ckpt.split(":", 1)[1])
+        except KeyError as exc:
+            raise CLIError(str(exc.args[0])) from exc
+
+
 def cmd_reference(args) -> int:
+    _check_reference_args(args)
     import torch
     from safetensors.torch import save_file
 
@@ -50,11 +67,7 @@ def cmd_reference(args) -> int:
         from .exitcodes import CannotJudge
 
         raise CannotJudge("--device cuda: no CUDA device here")
-    if args.steps < 1 or args.requests < 1 or args.tokens < 1 or args.tp < 1:
-        raise CLIError("--steps, --requests, --tokens and --tp must be >= 1")
     out = Path(args.out)
-    if out.is_dir():
-        raise CLIError(f"--out {out}: is a directory; give a .safetensors file path")
     num = numerics_by_name(args.dtype)
     hf, cfg, weights = _load_case_inputs(args)
     from reference.tp import check_divisible

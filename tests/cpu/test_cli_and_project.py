@@ -72,6 +72,11 @@ def test_reference_command_rejects_bad_input_in_one_line(tmp_path, cli):
     assert r.stderr.strip() == "error: unknown preset 'nope'; choose one of tiny, small, real-dims"
     r = cli("reference", "preset:tiny", "--out", str(tmp_path / "x.safetensors"), "--steps", "0")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    # bad input is 2 before a device is asked about (was 125 on a host without CUDA)
+    r = run("reference", "preset:tiny", "--out", str(tmp_path / "x.safetensors"), "--device", "cuda", "--steps", "0")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: --steps, --requests, --tokens and --tp must be >= 1"
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_compare_cannot_judge_without_a_gpu():
