@@ -681,3 +681,36 @@ def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys)
     (tmp_path / "a-file").write_text("x")
     code, lines, text = _run(capsys, "main", "--report", tmp_path / "a-file" / "r.json")
     assert code == 2 and "--report" in lines[-1] and "Traceback" not in text, text
+
+
+# ---- bad input and "cannot judge" without importing torch -------------------------------------------
+@pytest.mark.parametrize("argv, code, line", [
+    (["-m", "harness", "reference", "preset:nope", "--out", "{tmp}/x.safetensors"], 2,
+     "error: unknown preset 'nope'; choose one of tiny, small, real-dims"),
+    (["-m", "harness", "reference", "preset:tiny", "--out", "{tmp}/x.safetensors", "--device", "cuda",
+      "--steps", "0"], 2, "error: --steps, --requests, --tokens and --tp must be >= 1"),
+    (["-m", "harness.production.engine", "--mutant", "nope"], 2, "error: --mutant nope: unknown speculator mutant"),
+    (["-m", "harness.production.engine", "--sweep"], 2, "error: --sweep needs exactly one --case"),
+    (["-m", "harness.production.engine", "--case", "engine-tiny-k2"], 125, "cannot judge: no CUDA device"),
+])
+def test_answered_before_torch_is_imported(tmp_path, argv, code, line):
+    """These answers need no torch: a torch that ends the process with exit 99 when imported
+    is first on the path, and the commands still answer (a real entry point each)."""
+    import subprocess
+    import sys
+
+    from harness.runtime import gpu_device_nodes
+
+    if gpu_device_nodes():
+        pytest.skip("a GPU host: the engine command goes on to import torch")
+    poison = tmp_path / "poison" / "torch"
+    poison.mkdir(parents=True)
+    (poison / "__init__.py").write_text("raise SystemExit(99)\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(poison.parent), str(root)])}
+    env.pop("HYV4_JIT_CACHE", None)
+    r = subprocess.run([sys.executable, *[a.format(tmp=tmp_path) for a in argv]], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert line in r.stdout + r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.safetensors").exists()

@@ -7,7 +7,7 @@ from harness.runtime import apply_jit_cache, defer_gc
 
 apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported (as `python -m harness`)
 defer_gc()  # until vLLM is imported (run.build_llm ends it, before the engine is built)
-from harness.production.engine.run import main  # noqa: E402
+from harness.production.engine.cli import main  # noqa: E402 - torch and vLLM only once the arguments are checked
 
 if __name__ == "__main__":
     code = main()

@@ -51,7 +51,6 @@ only parameters that match are exempt from the audit.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -65,6 +64,7 @@ import torch
 from harness.atomic import atomic_write_json
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK
 from harness.production.engine.cases import ENGINE_CASES, EngineCase
+from harness.production.engine.cli import check_out_dir, main  # noqa: F401 - main: the command, argument checks first
 from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
                                               replay, run_facts, save_recording)
 from harness.production.module import audit, build, capture
@@ -796,38 +796,6 @@ def verdict_problems(rep: dict) -> list[str]:
     return p
 
 
-def main(argv=None) -> int:
-    """Exit codes are ``harness.exitcodes``'s; an error is one line (``--debug``: with its traceback)."""
-    from harness.exitcodes import OneLineParser, run_guarded
-
-    ap = OneLineParser(prog="python -m harness.production.engine", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", action="append", choices=sorted(ENGINE_CASES),
-                    help="case id (default: all)")
-    ap.add_argument("--out", default=None, help="directory for engine_mtp_<case>.json (default $HYV4_REPORT_DIR)")
-    ap.add_argument("--rejudge", metavar="DIR", default=None,
-                    help="re-judge the recordings engine_calls_<case>.* saved in DIR (CPU, no vLLM); "
-                         "reports to --out as engine_mtp_<case>.rejudge.json")
-    ap.add_argument("--mutant", action="append", default=None,
-                    help="plant one of harness.production.engine.speculator_mutants.MUTANTS in vLLM's speculator "
-                         "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT. "
-                         "With --sweep: repeatable, the mutants to sweep (default: every mutant of the case)")
-    ap.add_argument("--sweep", action="store_true",
-                    help="with one --case: build its engine once and run a pristine generation, then per "
-                         "speculator mutant a planted one and a pristine one again; engine_mtp_<case>.sweep.json; "
-                         "exit 0 when every mutant fails named first and every pristine run passes, else 1")
-    ap.add_argument("--debug", action="store_true", help="print tracebacks of errors")
-    args = ap.parse_args(argv)
-    return run_guarded(_main, args, debug=args.debug)
-
-
-def _check_out_dir(out: str | None) -> None:
-    from harness.exitcodes import CLIError
-
-    if out and os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {out}: exists and is not a directory")
-
-
 def _case_failed(title: str, exc: Exception, debug: bool) -> tuple[dict, int]:
     """(report, exit code) of a case that raised: one line (the traceback goes to the report)."""
     from harness.exitcodes import classify
@@ -839,38 +807,11 @@ def _case_failed(title: str, exc: Exception, debug: bool) -> tuple[dict, int]:
     return {"case": title, "error": traceback.format_exc(), "exit_code": code}, code
 
 
-def _main(args) -> int:
-    from harness.exitcodes import CLIError
-
-    from harness.production.engine.speculator_mutants import MUTANTS
-
-    _check_out_dir(args.out)
-    env_mutant = os.environ.get("HYV4_SPECULATOR_MUTANT") or None
-    mutants = args.mutant or ([env_mutant] if env_mutant and not args.sweep else [])
-    for m in mutants:
-        if m not in MUTANTS:
-            raise CLIError(f"--mutant {m}: unknown speculator mutant; known: {', '.join(MUTANTS)}")
-    if args.sweep:
-        if not args.case or len(args.case) != 1:
-            raise CLIError("--sweep needs exactly one --case (its engine is built once)")
-        mutants = mutants or [n for n, m in MUTANTS.items() if m.case == args.case[0]]
-        if not mutants:
-            raise CLIError(f"--sweep --case {args.case[0]}: no speculator mutant targets this case")
-    elif len(mutants) > 1:
-        raise CLIError("--mutant given more than once: one engine per planted bug, or --sweep")
-    args.mutant = None if args.sweep else (mutants[0] if mutants else None)
-    if args.rejudge:
-        if args.sweep:
-            raise CLIError("--rejudge and --sweep: choose one")
-        return rejudge_dir(args.rejudge, args.case, args.out, debug=args.debug)
-    from harness.runtime import cannot_run_production_reason
-
-    reason = cannot_run_production_reason()
-    if reason:
-        print(f"cannot judge: {reason}")
-        return EXIT_CANNOT_JUDGE
+def run_checked(args, mutants) -> int:
+    """The engine command once its arguments are checked and production can run here
+    (``harness.production.engine.cli``): the sweep, or each case (one process per engine)."""
     out = args.out or os.environ.get("HYV4_REPORT_DIR")
-    _check_out_dir(out)
+    check_out_dir(out)
     if args.sweep:
         try:
             doc = run_mutant_sweep(ENGINE_CASES[args.case[0]], mutants, out=out)
