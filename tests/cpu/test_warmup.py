@@ -162,13 +162,18 @@ def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path)
     assert not any(src.rglob("*.pyc"))  # nothing beside the sources
 
 
-@pytest.mark.parametrize("module", ["harness", "harness.production.engine", "harness.production.side_by_side",
-                                    "harness.production.goldens_gpu"])
-def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module):
+@pytest.mark.parametrize("module, argv", [
+    ("harness", ["main"]),
+    ("harness.production.engine", ["--rejudge", "{tmp}"]),  # its arguments are checked without torch: a run
+    ("harness.production.side_by_side", ["main"]),
+    ("harness.production.goldens_gpu", ["main"]),
+])
+def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, argv):
     """Every documented entry point applies $HYV4_JIT_CACHE before torch is first imported: a
     module imported before ``sys.pycache_prefix`` is set is compiled from source on every run
     (on the H200s, which set PYTHONDONTWRITEBYTECODE and ship torch without .pyc files, that was
     ~1200 torch modules per ``python -m harness main``). The child stops at torch's import."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
     pkg = tmp_path / "src" / "stand_in_pkg"  # stands for torch / vLLM / transformers in the precompile
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("X = 1\n")
@@ -182,7 +187,7 @@ def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module):
             "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, os.path.exists(pre), flush=True)\n"
             "            os._exit(0)\n"
             "sys.meta_path.insert(0, Stop())\n"
-            f"sys.argv = [{module!r}, 'main']\n"
+            f"sys.argv = [{module!r}, *{argv!r}]\n"
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
     root = tmp_path / "root"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", runtime.JIT_CACHE_ENV: str(root),
