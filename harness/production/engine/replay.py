@@ -375,7 +375,7 @@ def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None, multi
             continue
         steps[call.engine_step] = max(steps.get(call.engine_step, 0), call.draft_step + 1)
         try:
-            local = token_requests(call.query_start_loc, call.num_tokens)
+            token_requests(call.query_start_loc, call.num_tokens)  # a layout it cannot read: the call is skipped
             keep, rejected = step0_rows(call)
         except ValueError:
             continue
