@@ -178,12 +178,9 @@ def _inspect(key: str) -> int:
     inspect_in_this_process()
     if any(inspect(arch) is None for arch in ARCHS):
         return 4
-    path = _marker_path()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"key": key, "archs": list(ARCHS)}, f)
-    os.replace(tmp, path)
+    from .atomic import atomic_write_json
+
+    atomic_write_json(_marker_path(), {"key": key, "archs": list(ARCHS)})
     return 0
 
 

@@ -279,10 +279,8 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
         subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", *todo], env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         done.update({d: sys.version for d in todo})
-        tmp = f"{marker}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(done, f, indent=1)
-        os.replace(tmp, marker)
+        from .atomic import atomic_write_json
+        atomic_write_json(marker, done)
     except (OSError, TypeError, ValueError):
         return []
     print(f"bytecode: compiled {len(todo)} package dir(s) into {prefix} in {time.perf_counter() - t0:.1f} s "

@@ -128,7 +128,7 @@ def test_gc_deferral_is_the_program_start_only(monkeypatch):
         assert not gc.isenabled()
         frozen = gc.get_freeze_count()
         runtime.end_gc_deferral()
-        assert gc.isenabled() and gc.get_freeze_count() >= frozen
+        assert gc.isenabled() and gc.get_freeze_count() > frozen  # what the imports made is frozen
         gc.disable()  # paused by someone else (the root conftest while collecting): left so
         runtime.end_gc_deferral()
         assert not gc.isenabled()
