@@ -241,7 +241,7 @@ def test_a_planted_speculator_bug_is_undone():
 def test_sweep_flags_are_checked_first(argv, culprit, capsys):
     """``engine --sweep`` (one engine, every mutant of the case): bad flags exit 2 in one line,
     before any GPU question."""
-    from harness.production.engine.run import main
+    from harness.production.engine.cli import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -282,7 +282,8 @@ def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
 
 def test_recording_round_trip_and_rejudge(tmp_path):
     from harness.production.engine.cases import EngineCase
-    from harness.production.engine.run import judge_run, main, rejudge
+    from harness.production.engine.cli import main
+    from harness.production.engine.run import judge_run, rejudge
     from harness.production.engine.replay import load_recording, save_recording
     from harness.production.cases import case_inputs, GpuCase
 

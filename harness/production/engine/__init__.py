@@ -2,8 +2,9 @@
 forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
 
     cases.py               the engine cases (torch-free: case ids are checked before anything heavy)
-    run.py                 build the engine, load and tap the drafter, run, judge; the command
-                           ``python -m harness.production.engine`` (``__main__.py``)
+    cli.py                 the command ``python -m harness.production.engine`` (``__main__.py``): its
+                           arguments and "cannot judge" without torch, then ``run.run_checked``
+    run.py                 build the engine, load and tap the drafter, run, judge
     replay.py              CPU: the reference over the recorded draft forwards, draft-token verdict
     bookkeeping.py         CPU: accepted prefix, ``last_token_indices``, feeds, layer cycling
     acceptance.py          the edited dummy target whose drafts get accepted at planned rates

@@ -64,7 +64,7 @@ import torch
 from harness.atomic import atomic_write_json
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK
 from harness.production.engine.cases import ENGINE_CASES, EngineCase
-from harness.production.engine.cli import check_out_dir, main  # noqa: F401 - main: the command, argument checks first
+from harness.production.engine.cli import check_out_dir
 from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
                                               replay, run_facts, save_recording)
 from harness.production.module import audit, build, capture
