@@ -473,14 +473,15 @@ def test_bad_arguments_are_one_line_exit_2(case_id, argv, culprits, tmp_path, ca
 def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     from harness import runtime
     from harness.production.engine import run as engine
+    from harness.production.engine.cli import main as engine_main
 
     case = sorted(engine.ENGINE_CASES)[0]
-    _assert_one_line(*_run(capsys, "--case", "no-such-case", main=engine.main), 2, "no-such-case")
-    _assert_one_line(*_run(capsys, "--rejudge", tmp_path / "missing", main=engine.main), 2,
+    _assert_one_line(*_run(capsys, "--case", "no-such-case", main=engine_main), 2, "no-such-case")
+    _assert_one_line(*_run(capsys, "--rejudge", tmp_path / "missing", main=engine_main), 2,
                      f"error: --rejudge {tmp_path / 'missing'}: not a directory")
     (tmp_path / "file").write_text("x")
     monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
-    _assert_one_line(*_run(capsys, "--case", case, "--out", tmp_path / "file", main=engine.main), 2,
+    _assert_one_line(*_run(capsys, "--case", case, "--out", tmp_path / "file", main=engine_main), 2,
                      "exists and is not a directory")
     # a crash inside vLLM: 125; a load failure: 1; each one line, the traceback only in the report
     from harness.production.module.audit import LoadAuditError
@@ -491,7 +492,7 @@ def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
 
         monkeypatch.setattr(engine, "run_case", run_case)
         out_dir = tmp_path / f"rep{want}"
-        _assert_one_line(*_run(capsys, "--case", case, "--out", out_dir, main=engine.main), want,
+        _assert_one_line(*_run(capsys, "--case", case, "--out", out_dir, main=engine_main), want,
                          type(exc).__name__ if want == 125 else "e_score_correction_bias")
         rep = json.loads(next(out_dir.glob("engine_mtp_*.json")).read_text())
         assert "Traceback" in rep["error"] and rep["exit_code"] == want
