@@ -113,8 +113,15 @@ def _on_production(command: str, args) -> int:
         print(f"cannot judge: {reason}")
         return EXIT_CANNOT_JUDGE
     from .production import compare_cli
+    from .production.kernel_paths import judged_without
 
-    return getattr(compare_cli, command)(args)
+    without = judged_without()  # a missing optional kernel, judged anyway on request: said first and last
+    if without:
+        print(f"warning: the verdict below is{without}")
+    code = getattr(compare_cli, command)(args)
+    if without:
+        print(f"verdict: exit {code}{without}")
+    return code
 
 
 def cmd_compare(args) -> int:

@@ -19,7 +19,17 @@ def cannot_run_production_reason() -> str | None:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         return f"vLLM does not import: {exc.__class__.__name__}: {exc}"
-    return None
+    # the internals the production path reaches (one adapter for every release), then the
+    # optional kernels a normal install of this vLLM would run
+    from .production import kernel_paths, vllm_compat
+    from .production.engine import hook_points
+    gone = vllm_compat.cannot_judge_reason()
+    if gone:
+        return gone
+    drift = hook_points.problems()
+    if drift:
+        return f"vLLM {vllm_compat.vllm_version()}: hook point {drift[0]}"
+    return kernel_paths.cannot_judge_reason()
 
 
 GPU_DEVICE_GLOB = "/dev/nvidia[0-9]*"

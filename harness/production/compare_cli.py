@@ -186,8 +186,8 @@ def compare_command(args) -> int:
             raise CLIError("--tp applies to side-by-side cases; engine cases run at TP = 1")
         engine, verdict = run_engine_cases([case])
         if args.report:
-            from harness.production.module.side_by_side import versions
-            save_report(args.report, {}, {"versions": versions(), "engine": engine})
+            from harness.production.module.side_by_side import run_facts
+            save_report(args.report, {}, {**run_facts(), "engine": engine})
         return verdict
     if tp > 1:
         res, code, line = _run_tp(case, tp)
@@ -202,7 +202,7 @@ def compare_command(args) -> int:
         if result is None:
             print(line)
             return code
-    from harness.production.module.side_by_side import format_rows, versions
+    from harness.production.module.side_by_side import format_rows, run_facts, versions
 
     print(format_rows(result))
     reports = {case.id if tp == 1 else f"{case.id}/tp{tp}": result["_report"]}
@@ -211,8 +211,9 @@ def compare_command(args) -> int:
               f"{'PASS' if vs.passed else 'FAIL'}\n{vs.table()}")
         reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
     if args.report:
-        result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case))
-        save_report(args.report, reports, {"versions": versions()})
+        result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case),
+                                      model_kernel_paths=result.get("model_kernel_paths"))
+        save_report(args.report, reports, run_facts())
         print(f"report: {args.report}")
     return EXIT_OK if result["passed"] and (vs is None or vs.passed) else EXIT_MISMATCH
 
@@ -231,7 +232,7 @@ def _bisect_side_by_side(ids, plant) -> tuple[dict, dict, int, str | None]:
         if result is None:
             return reports, regime_values, worst([verdict, code]), line
         reports[f"side-by-side/{cid}"] = result["_report"]
-        result["_report"].meta["regimes"] = result["regimes"]
+        result["_report"].meta.update(regimes=result["regimes"], model_kernel_paths=result.get("model_kernel_paths"))
         regime_values[cid] = result["regimes"]
         first = result["first_divergent"]
         print(f"{'ok  ' if result['passed'] else 'FAIL'} side-by-side {cid}" + ("" if result["passed"] else f": first divergent {first}"))
@@ -255,7 +256,7 @@ def bisect_command(args) -> int:
     from harness.report import save_report
 
     from harness.production.engine.cases import ENGINE_CASES
-    from harness.production.module.side_by_side import versions
+    from harness.production.module.side_by_side import run_facts
 
     ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
     engine_ids = [c for c in ids if c in ENGINE_CASES]
@@ -278,7 +279,7 @@ def bisect_command(args) -> int:
     if missing:  # a harness weakness, not a vLLM verdict: reported, the exit code stays vLLM's
         print(f"warning: no case of this run exercises the regime(s) {missing} (harness/regimes.py)")
     if args.report:
-        save_report(args.report, reports, {"versions": versions(), "engine": engine, "regimes": regime_values,
+        save_report(args.report, reports, {**run_facts(), "engine": engine, "regimes": regime_values,
                                              "regime_coverage": coverage(regime_values)})
     return verdict
 

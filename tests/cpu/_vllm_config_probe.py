@@ -3,7 +3,9 @@
     python tests/cpu/_vllm_config_probe.py config CASE_ID ...   # the runner's VllmConfig per case
     python tests/cpu/_vllm_config_probe.py load CASE_ID         # + HYV4MTP built on CPU, load_weights
     python tests/cpu/_vllm_config_probe.py build CONFIGS.json   # HYV4MTP built per HF config dict: what it built
-    python tests/cpu/_vllm_config_probe.py plan PLAN.json       # {"config": [ids], "load": [ids], "build": [dicts]}
+    python tests/cpu/_vllm_config_probe.py walk CASE_ID ...     # the module-level draft step as far as a CPU goes
+    python tests/cpu/_vllm_config_probe.py plan PLAN.json       # {"config": [ids], "load": [ids], "build": [dicts],
+                                                                #  "walk": [ids]}
 
 ``plan`` does all three in one process (vLLM imported once; tests/cpu/conftest.py
 runs one plan per test run for every test module that asks): config first, under
@@ -80,9 +82,17 @@ def _fake_cuda() -> None:
 
 
 def _fake_cuda_runtime() -> None:
-    """What building HYV4MTP touches beyond the config: ops namespaces, streams, device queries."""
+    """What building HYV4MTP touches beyond the config: ops namespaces, streams, device queries.
+
+    vLLM's loader and layer modules are imported first: some register fake kernels for
+    ``_C`` ops at import, which the stubbed namespaces below would refuse."""
+    import importlib
+
     import torch
     import vllm.platforms as P
+    for mod in ("vllm.model_executor.model_loader", "vllm.model_executor.layers.attention",
+                "vllm.model_executor.layers.quantization.fp8"):
+        importlib.import_module(mod)
 
     class _NS:
         def __init__(self, n):
@@ -232,6 +242,105 @@ def _load_lines(cid: str) -> None:
                       "kernel_notes": notes}, default=str), flush=True)
 
 
+# What a CPU walk may stop at: a compiled kernel this process stubbed out (``_fake_cuda_runtime``)
+# or a CUDA-only torch call. Anything else (AttributeError, TypeError, ImportError ...) is the
+# harness and the installed vLLM disagreeing on an API: "drift".
+_KERNEL_STOPS = ("stub op ", "Torch not compiled with CUDA", "CUDA", "cuda", "nvcc", "triton")
+
+
+def _unpinned_host_memory() -> None:
+    """Pinned host buffers need a CUDA driver: metadata builders allocate them; here they are
+    plain host memory (this throwaway process only)."""
+    import functools
+
+    import torch
+
+    def unpinned(fn):
+        @functools.wraps(fn)
+        def call(*a, **k):
+            k.pop("pin_memory", None)
+            return fn(*a, **k)
+        return call
+
+    for name in ("empty", "zeros", "ones", "full", "tensor", "arange", "empty_like", "zeros_like", "as_tensor"):
+        if not getattr(getattr(torch, name), "_hyv4_unpinned", False):
+            f = unpinned(getattr(torch, name))
+            f._hyv4_unpinned = True
+            setattr(torch, name, f)
+    torch.Tensor.pin_memory = lambda self, *a, **k: self
+    torch.Tensor.is_pinned = lambda self, *a, **k: False
+
+
+def _walk_lines(cid: str) -> None:
+    """The module-level production path of ``cid`` step by step, as ``ProductionSession`` runs
+    it, until the first kernel: vLLM's config, HYV4MTP built, ``load_weights``, the vLLM
+    internals of ``harness.production.vllm_compat``, the engine path's hook points, every draft
+    layer's KV binding and metadata builders, the step-0 metadata build (the V2 speculator's
+    ``AttentionGroup.build_metadata``), then the draft forward. One JSON line: the steps
+    reached, where it stopped, and whether the stop is a kernel or an API drift."""
+    import traceback
+
+    import torch
+    import vllm.platforms as P
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    import reference as R
+    from harness.production import vllm_compat
+    from harness.production.cases import GPU_CASES, case_inputs
+    from harness.production.engine import hook_points
+    from harness.production.module import build, kv
+    from harness.production.module.checkpoint_cast import cast_for_vllm
+    from harness.production.module.vllm_config import build_vllm_config
+
+    _unpinned_host_memory()
+    reached, line = [], {"mode": "walk", "id": cid}
+    try:
+        case = GPU_CASES[cid]
+        hf, ckpt, _ = case_inputs(case)
+        vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
+        reached.append("vllm_config")
+        dev = torch.device("cpu")
+        P.current_platform.device_type = "cpu"
+        build.init_distributed(vc, dev)
+        model = build.build_model(vc, dev)
+        reached.append("build_model")
+        with set_current_vllm_config(vc):
+            model.load_weights(iter(sorted(cast_for_vllm(ckpt).items())))
+        reached.append("load_weights")
+        line["internals_missing"] = vllm_compat.missing()
+        line["hook_point_problems"] = hook_points.problems(type(model))
+        reached.append("internals+hook_points")
+        cfg = R.MTPConfig.from_hf_dict(hf)
+        first = R.make_case(cfg, case.seed, case.requests, case.tokens)
+        req, pos = first.request.to(torch.long), first.positions.to(torch.long)
+        num_req = int(req.max()) + 1
+        bs = vc.cache_config.block_size
+        layout = kv.BatchLayout(num_req, -(-(int(pos.max()) + case.steps + 1) // bs), bs, kv.block_table_width(vc))
+        layers = kv.setup_draft_layers(vc, dev, layout.num_blocks)
+        line["draft_layers"] = {d.name: type(d.group.get_metadata_builder()).__name__ for d in layers}
+        reached.append("setup_draft_layers")
+        seq_lens = [int(pos[req == r].max()) + 1 for r in range(num_req)]
+        cam = kv.common_metadata(layout, req, pos, seq_lens, dev)
+        reached.append("common_metadata")
+        md, slots = kv.build_step_metadata(layers, cam, 0, vc)
+        line["metadata"] = {k: type(v).__name__ for k, v in md.items()}
+        reached.append("build_step_metadata")
+        if case.hf_config().get("index_topk") is not None:
+            model.set_topk_indices_buffer(torch.full((1024, int(hf["index_topk"])), -1, dtype=torch.int32))
+        with set_current_vllm_config(vc), set_forward_context(md, vc, num_tokens=int(req.numel()), slot_mapping=slots):
+            model(input_ids=first.input_ids.long(), positions=pos, hidden_states=first.hidden.to(torch.bfloat16))
+        reached.append("forward")
+    except Exception as exc:  # noqa: BLE001 - where the walk stopped is the answer
+        text = f"{exc.__class__.__name__}: {exc}"
+        line["stopped"] = text[:400]
+        line["kernel_stop"] = isinstance(exc, (RuntimeError, AssertionError, NotImplementedError)) and any(
+            k in text for k in _KERNEL_STOPS)
+        line["traceback"] = traceback.format_exc()[-2500:]
+    line["reached"] = reached
+    print(json.dumps(line, default=str), flush=True)
+
+
 def _build_lines(path: str) -> None:
     with open(path) as f:
         _build_configs(json.load(f))
@@ -321,13 +430,14 @@ def _plan(path: str) -> int:
     from harness.model_info import inspect_in_this_process
     inspect_in_this_process()
     _each("config", plan.get("config", []), lambda cid: _config_lines([cid]))
-    if plan.get("load") or plan.get("build"):
+    if plan.get("load") or plan.get("build") or plan.get("walk"):
         try:
             _fake_cuda_runtime()
         except Exception as exc:  # noqa: BLE001
             print(f"cannot fake a CUDA platform: {exc!r}", file=sys.stderr)
             return 77
         _each("load", plan.get("load", []), _load_lines)
+        _each("walk", plan.get("walk", []), _walk_lines)
         _fresh_environ()
         _build_configs(plan.get("build", []))
     return 0
@@ -339,7 +449,7 @@ def main(argv: list[str]) -> int:
         return _plan(ids[0])
     try:
         _fake_cuda()
-        if mode in ("load", "build"):
+        if mode in ("load", "build", "walk"):
             _fake_cuda_runtime()
     except Exception as exc:  # noqa: BLE001
         print(f"cannot fake a CUDA platform: {exc!r}", file=sys.stderr)
@@ -351,6 +461,9 @@ def main(argv: list[str]) -> int:
             _load_lines(cid)
     elif mode == "build":
         _build_lines(ids[0])
+    elif mode == "walk":
+        for cid in ids:
+            _walk_lines(cid)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return 0

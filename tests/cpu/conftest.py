@@ -29,14 +29,14 @@ if not gpu_device_nodes():
 
 # ---- vLLM on a faked CUDA platform: one subprocess per test run -------------------------------------
 # A test module that asks for the ``vllm_probe`` fixture declares what it needs at module level:
-#     VLLM_PROBE = {"config": [case ids], "load": [case ids], "build": [HF config dicts]}
+#     VLLM_PROBE = {"config": [case ids], "load": [case ids], "build": [HF config dicts], "walk": [case ids]}
 # (tests/cpu/_vllm_config_probe.py's modes). Importing vLLM and faking the platform is most of a
 # probe's cost, so the plans of all modules in the run go to one `_vllm_config_probe.py plan`
 # process, started in the background when the first CPU test starts, once per run (xdist workers
 # share it through their common temporary directory; the first claims it).
 
 def _probe_plan(items) -> dict:
-    plan: dict[str, list] = {"config": [], "load": [], "build": []}
+    plan: dict[str, list] = {"config": [], "load": [], "build": [], "walk": []}
     seen = set()
     for item in items:
         mod = getattr(item, "module", None)
@@ -79,7 +79,18 @@ def _xdist_order(item) -> int:
     return 1 if getattr(mod, "ONE_WORKER", False) else 2
 
 
+def _vllm_facing(item) -> bool:
+    """The test reaches vLLM: in process (``VLLM_IN_PROCESS``) or through the probe."""
+    return _xdist_order(item) in (0, 3)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
+    # `-m vllm_facing` (.ci/run, in each vLLM release's environment): derived from what a module
+    # declares above, never a second list
+    for item in items:
+        if _vllm_facing(item):
+            item.add_marker(pytest.mark.vllm_facing)
     if not hasattr(config, "workerinput"):  # serial: the order as written
         return
     items[:] = sorted(items, key=_xdist_order)  # stable: the written order within each group
@@ -122,7 +133,7 @@ def _vllm_probe_started(request, tmp_path_factory):
 
 
 class ProbeResults:
-    """The probe's answers: ``config[id]``, ``load[id]`` (dicts; a "crash" key holds a traceback)
+    """The probe's answers: ``config[id]``, ``load[id]``, ``walk[id]`` (dicts; a "crash" key holds a traceback)
     and ``build(hf)`` (the row for that HF config dict); ``dir``: the probe's directory (its
     plan, output, and the run's own vLLM cache, ``vllm-cache``)."""
 
@@ -131,6 +142,7 @@ class ProbeResults:
     def __init__(self, plan: dict, lines: list[dict]):
         self.config = {d["id"]: d for d in lines if d.get("mode") == "config"}
         self.load = {d["id"]: d for d in lines if d.get("mode") == "load"}
+        self.walk = {d["id"]: d for d in lines if d.get("mode") == "walk"}
         self._build = {json.dumps(plan["build"][d["i"]], sort_keys=True): d
                        for d in lines if d.get("mode") == "build"}
         self.stderr = ""

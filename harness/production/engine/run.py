@@ -207,7 +207,9 @@ def derived_weight_check(model) -> dict[str, object]:
     """{full name of each MLA derived weight: True when it equals vLLM's own recomputation
     from the live ``kv_b_proj`` (``split_kv_b_proj``, permuted as process_weights_after_loading
     stores it), else why not}."""
-    from vllm.model_executor.layers.attention.mla_attention import split_kv_b_proj
+    from harness.production import vllm_compat
+
+    split_kv_b_proj = vllm_compat.internal("mla.split_kv_b_proj")
 
     out: dict[str, object] = {}
     for mname, m in model.named_modules():
@@ -542,13 +544,13 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     acceptance case's target edited): what ``generate_and_judge`` runs on, once or many times."""
     import reference as R
     from harness.presets import check_kernel_constraints
-    from harness.production.module.side_by_side import versions
+    from harness.production.module.side_by_side import run_facts
 
     t0 = time.perf_counter()
     hf, ckpt, weights, plan = engine_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     check_kernel_constraints(cfg)
-    base: dict = {"case": dataclasses.asdict(case), "versions": versions()}
+    base: dict = {"case": dataclasses.asdict(case), **run_facts()}
     llm = build_llm(hf, case)
     build_s = time.perf_counter() - t0
     runner = model_runner(llm)
@@ -556,6 +558,8 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     base["runner"] = {"kind": kind, "runner": type(runner).__name__, "proposer": type(prop).__name__,
                       "draft_model": type(prop.model).__name__, "target_model": type(target).__name__,
                       "max_model_len": int(runner.vllm_config.model_config.max_model_len)}
+    from harness.production.kernel_paths import model_paths
+    base["model_kernel_paths"] = model_paths(draft)
     base["sharing"] = sharing_facts(draft, target)
     log("engine:", json.dumps(base["runner"]), "sharing:", json.dumps(base["sharing"]))
     base["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)

@@ -1,7 +1,7 @@
 """Planted bugs in vLLM's MTP speculator (Python-level patches, as an upstream commit would make).
 
-Each mutant patches a class or module attribute of vLLM 0.33.0's V2 speculators
-(``vllm/v1/worker/gpu/spec_decode/``) in this process, before the engine is built,
+Each mutant patches a class or module attribute of vLLM's V2 speculators
+(``vllm/v1/worker/gpu/spec_decode/``, reached through ``harness.production.vllm_compat``) in this process, before the engine is built,
 and names the engine case that must catch it and the quantity the first failing
 line must name. Nothing on disk changes. Used by ``python -m harness.production.engine
 --mutant NAME`` (or ``HYV4_SPECULATOR_MUTANT=NAME``, which ``bisect-check`` passes on
@@ -40,9 +40,11 @@ MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
                      "MultiModuleMTPSpeculator._run_model runs MTP module 0 at every step"),
 )}
 
-_TDAR = "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator"
-_MTP = "vllm.v1.worker.gpu.spec_decode.mtp.speculator"
-_MULTI = "vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator"
+def _vllm(name: str):
+    """A speculator internal, wherever the installed release keeps it (``vllm_compat``)."""
+    from harness.production import vllm_compat
+
+    return vllm_compat.internal(name)
 
 
 def apply_mutant(name: str, undo: UndoStack | None = None) -> dict:
@@ -70,17 +72,17 @@ def planted(name: str):
 class _Patches:
     @staticmethod
     def compaction_dropped(undo):
-        cls = importlib.import_module(_MTP).MTPSpeculator
+        cls = _vllm("speculator.MTPSpeculator")
         undo.setattr(cls, "on_prefill_end", lambda self, num_reqs: None)
 
     @staticmethod
     def skip_topk_never(undo):
-        cls = importlib.import_module(_MTP).MTPSpeculator
+        cls = _vllm("speculator.MTPSpeculator")
         undo.setattr(cls, "on_multi_step_decode_begin", lambda self, num_reqs: None)
 
     @staticmethod
     def last_token_index_off_by_one(undo):
-        mod = importlib.import_module(_TDAR)
+        mod = _vllm("speculator.target_dependent_ar_module")
         orig = mod.prepare_prefill_inputs
 
         def prepare_prefill_inputs(last_token_indices, current_draft_step, input_buffers, input_batch, *a, **k):
@@ -97,7 +99,7 @@ class _Patches:
     def accepted_hidden_wrong_row(undo):
         import torch
 
-        cls = importlib.import_module(_TDAR).TargetDependentARSpeculator
+        cls = _vllm("speculator.TargetDependentARSpeculator")
         orig = cls.propose
 
         def propose(self, *args, **kwargs):
@@ -111,7 +113,7 @@ class _Patches:
 
     @staticmethod
     def spec_step_idx_ignored(undo):
-        cls = importlib.import_module(_MULTI).MultiModuleMTPSpeculator
+        cls = _vllm("speculator.MultiModuleMTPSpeculator")
         orig = cls._run_model
 
         def _run_model(self, num_tokens, attn_metadata, slot_mappings, num_tokens_across_dp, spec_module_idx,

@@ -75,9 +75,11 @@ class _WarningTap(logging.Handler):
 def build_model(vllm_config, device: torch.device):
     """``HYV4MTP`` with uninitialised weights, on ``device``, under ``vllm_config``."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.utils import initialize_model
-    from vllm.utils.torch_utils import set_default_torch_dtype
 
+    from harness.production import vllm_compat
+
+    initialize_model = vllm_compat.internal("loader.initialize_model")
+    set_default_torch_dtype = vllm_compat.internal("torch_utils.set_default_torch_dtype")
     draft_mc = vllm_config.speculative_config.draft_model_config
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(draft_mc.dtype), device:
         model = initialize_model(vllm_config=vllm_config, model_config=draft_mc)
@@ -87,8 +89,10 @@ def build_model(vllm_config, device: torch.device):
 def load_checkpoint(model, vllm_config, ckpt: dict[str, torch.Tensor], device: torch.device):
     """``model.load_weights`` + ``process_weights_after_loading``; returns (loaded names, warnings)."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
+    from harness.production import vllm_compat
+
+    process_weights_after_loading = vllm_compat.internal("loader.process_weights_after_loading")
     draft_mc = vllm_config.speculative_config.draft_model_config
     tap = _WarningTap()
     loggers = [logging.getLogger(n) for n in ("vllm.models.hy_v4.nvidia.mtp", "vllm.models.hy_v4.nvidia.model",

@@ -22,7 +22,7 @@ class DraftLayer:
     layer: object
     spec: object
     backend: type
-    group: object  # vllm.v1.worker.utils.AttentionGroup (owns the metadata builder)
+    group: object  # vLLM's AttentionGroup (owns the metadata builder)
 
 
 def _row_shape(spec) -> tuple[torch.dtype, int]:
@@ -35,6 +35,8 @@ def _row_shape(spec) -> tuple[torch.dtype, int]:
 def setup_draft_layers(vllm_config, device: torch.device, num_blocks: int) -> list[DraftLayer]:
     """Allocate + bind a KV cache and create a metadata builder for every draft attention layer."""
     from vllm.config import set_current_vllm_config
+
+    from harness.production import vllm_compat
 
     out = []
     ctx = vllm_config.compilation_config.static_forward_context
@@ -55,8 +57,8 @@ def setup_draft_layers(vllm_config, device: torch.device, num_blocks: int) -> li
             cache = torch.zeros((num_blocks, 1, spec.block_size, row), dtype=dtype, device=device)
             layer.bind_kv_cache(cache)
             # The runner's own wrapper: it passes block_table_width to builders
-            # that need it (the indexer's) and builds drafting metadata.
-            from vllm.v1.worker.utils import AttentionGroup
+            # that need it (the indexer's) and maps block tables to kernel blocks.
+            AttentionGroup = vllm_compat.internal("worker.AttentionGroup")
             group = AttentionGroup(backend=backend, layer_names=[name], kv_cache_spec=spec,
                                    kv_cache_group_id=len(out))
             group.create_metadata_builders(vllm_config, device)
@@ -110,8 +112,9 @@ def common_metadata(layout: BatchLayout, requests: torch.Tensor, positions: torc
     requests/positions: [T] (CPU, long). seq_lens: per request, the context
     length after this step's tokens are written (position of its last token + 1).
     """
-    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from harness.production import vllm_compat
 
+    CommonAttentionMetadata = vllm_compat.internal("attention.CommonAttentionMetadata")
     r = layout.num_requests
     qlens = torch.bincount(requests, minlength=r).to(torch.int32)
     qsl = torch.zeros(r + 1, dtype=torch.int32)
@@ -137,12 +140,19 @@ def common_metadata(layout: BatchLayout, requests: torch.Tensor, positions: torc
 
 
 def build_step_metadata(layers: list[DraftLayer], cam, draft_index: int, vllm_config):
-    """({layer: metadata}, {layer: slot_mapping}) as the proposer's builders produce them."""
+    """({layer: metadata}, {layer: slot_mapping}) as the V2 speculator's builders produce them.
+
+    Every draft step, step 0 included, goes through ``AttentionGroup.build_metadata``
+    (common prefix 0), which is what ``gpu/attn_utils.build_attn_metadata`` calls for the
+    speculator's prefill and decode steps; ``draft_index`` only names the step."""
     from vllm.config import set_current_vllm_config
 
+    from harness.production import vllm_compat
+
+    build = vllm_compat.internal("worker.AttentionGroup.build_metadata")
     md, slots = {}, {}
     with set_current_vllm_config(vllm_config):
         for dl in layers:
-            md[dl.name] = dl.group.build_metadata_for_drafting(cam, draft_index)
+            md[dl.name] = build(dl.group, cam)
             slots[dl.name] = cam.slot_mapping
     return md, slots

@@ -64,6 +64,11 @@ def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around
     info = {"audit": sess.audit_problems, "attach_notes": sess.attach_notes,
             "step_notes": [dataclasses.asdict(n) for n in sess.notes],
             "timing_s": {"build": t_build, "load": t_load, "run": t_run}}
+    try:  # the router GEMM tiers and attention backends this model picked
+        from harness.production.kernel_paths import model_paths
+        info["model_kernel_paths"] = model_paths(sess.model)
+    except Exception as exc:  # noqa: BLE001 - notes must not cost the verdict
+        info["model_kernel_paths"] = {"error": f"{exc.__class__.__name__}: {exc}"}
     if case.quant != "bf16":
         try:
             info["fp8_kernels"] = fp8_kernel_notes(sess.model)
@@ -133,6 +138,13 @@ def versions() -> dict:
         v["gpu"] = torch.cuda.get_device_name(0)
         v["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
     return v
+
+
+def run_facts() -> dict:
+    """Every report's metadata: versions, and the optional kernel paths vLLM found here."""
+    from harness.production.kernel_paths import host_paths, judged_without
+    paths = host_paths()
+    return {"versions": versions(), "kernel_paths": paths, "judged_without": judged_without(paths).strip()}
 
 
 def _flush(pending: dict, out: str, n: int) -> None:
@@ -224,7 +236,7 @@ def main(argv=None) -> int:
         return 125
     os.makedirs(out, exist_ok=True)
     ids = ids or list(GPU_CASES) + list(PROBE_CASES)
-    summary = {"versions": versions(), "cases": []}
+    summary = {**run_facts(), "cases": []}
     print(json.dumps(summary["versions"]))
     worst = 0
     pending: dict = {}
