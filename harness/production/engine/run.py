@@ -539,6 +539,18 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     return generate_and_judge(sess, out=out, log=log, mutant=planted, t0=t0)
 
 
+def mtp_layers_run(proposer: str, num_mtp_layers: int) -> str:
+    """Which MTP layer drafts step k under the speculator vLLM picked (the replay and the
+    bookkeeping judge against that layer; the reference's own ``draft`` cycles k mod n)."""
+    if "MultiModule" in proposer:
+        return f"layer k mod {num_mtp_layers} at draft step k ({proposer})"
+    if num_mtp_layers > 1:
+        return (f"layer 0 at every draft step ({proposer}, single module): the checkpoint's other "
+                f"{num_mtp_layers - 1} MTP layer(s) are loaded but never run, so its drafts are layer 0's, "
+                f"not the k mod {num_mtp_layers} cycle the reference drafts with")
+    return f"layer 0 ({proposer})"
+
+
 def build_session(case: EngineCase, *, log=print) -> dict:
     """The engine of ``case``, built and loaded (the drafter with the harness's weights; an
     acceptance case's target edited): what ``generate_and_judge`` runs on, once or many times."""
@@ -560,6 +572,8 @@ def build_session(case: EngineCase, *, log=print) -> dict:
                       "max_model_len": int(runner.vllm_config.model_config.max_model_len)}
     from harness.production.kernel_paths import model_paths
     base["model_kernel_paths"] = model_paths(draft)
+    base["runner"]["mtp_layers_run"] = mtp_layers_run(type(prop).__name__, cfg.num_mtp_layers)
+    log("MTP layers run:", base["runner"]["mtp_layers_run"])
     base["sharing"] = sharing_facts(draft, target)
     log("engine:", json.dumps(base["runner"]), "sharing:", json.dumps(base["sharing"]))
     base["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)
