@@ -78,6 +78,10 @@ class Component:
                     the rounding it absorbs; an FP8 entry absent: the bf16 one holds
     regimes         the ``harness.regimes`` quantities that say how strongly a case exercises it
     mutants         the planted bugs (``harness.mutants``) this component should flag first
+    golden_mutants  planted bugs this component should flag first that sit below its reference
+                    tolerance (a sub-ulp or dtype change): only a production golden or a host
+                    baseline sees them (``bisect-check --baseline DIR --plant NAME``), so the
+                    reference-verdict catalogue leaves them out
     """
 
     name: str
@@ -91,6 +95,7 @@ class Component:
     tolerance: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
     regimes: tuple[str, ...] = ()
     mutants: tuple[str, ...] = ()
+    golden_mutants: tuple[str, ...] = ()
 
 
 # ---- tolerances: vLLM's production path vs the float64 reference ---------------------------------
@@ -210,7 +215,8 @@ REGISTRY: tuple[Component, ...] = (
                              (0.55, _QDEQ.format("2.75e-1")), (0.36, _QDEQ.format("1.79e-1"))),
               regimes=("indexer_ue8m0_rounded_frac",), mutants=("indexer-rope-neox",)),
     Component("indexer.k", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 2, optional="with-parent"),
-              tolerance=_tol(_GEMM), mutants=("indexer-knorm-eps",)),
+              tolerance=_tol(_GEMM), mutants=("indexer-knorm-eps",),
+              golden_mutants=("indexer-knorm-bf16",)),
     Component("indexer.weights", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 3, optional="with-parent"),
               production=None),
     Component("indexer.head_weights", "reference.indexer.project", reference_trace=False, production="derived",

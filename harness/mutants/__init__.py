@@ -41,13 +41,13 @@ May import: torch, vLLM (lazily), ``reference``, ``harness`` and ``harness.produ
 """
 
 from .base import Ctx, Mutant, MutantNotApplicable, Planted, need
-from .catalogue import BY_NAME, CATALOGUE, format_list, select
+from .catalogue import BY_NAME, CATALOGUE, GOLDEN_CATALOGUE, format_list, select
 from .cpu import ROPE_PARAMS, rope_cross_check, routing_cross_check, vllm_hf_config
 from .driver import (_RunRaised, case_by_id, mutants_command, run_catalogue, run_control, run_mutant,
                      run_planted)
 
 __all__ = [
-    "BY_NAME", "CATALOGUE", "Ctx", "Mutant", "MutantNotApplicable", "Planted", "ROPE_PARAMS", "_RunRaised",
+    "BY_NAME", "CATALOGUE", "Ctx", "GOLDEN_CATALOGUE", "Mutant", "MutantNotApplicable", "Planted", "ROPE_PARAMS", "_RunRaised",
     "case_by_id", "format_list", "mutants_command", "need", "rope_cross_check",
     "routing_cross_check", "run_catalogue", "run_control", "run_mutant", "run_planted", "select",
     "vllm_hf_config",

@@ -24,6 +24,19 @@ def m_indexer_knorm_eps(ctx: Ctx) -> None:
     ctx.setattr(kn, "eps", 1.0)
 
 
+def m_indexer_knorm_bf16(ctx: Ctx) -> None:
+    """k_norm built without ``dtype=torch.float32`` (an earlier upstream state): its weight and
+    bias held in bf16 (the checkpoint's float32 values rounded) and its reduction in bf16."""
+    import copy
+
+    ix = _indexer(ctx)
+    kn = need(ix, "k_norm", "indexer")
+    w = need(kn, "weight", "indexer.k_norm")
+    if w is None or w.dtype != torch.float32:
+        raise MutantNotApplicable(f"indexer.k_norm weight is {getattr(w, 'dtype', None)}, not float32")
+    ctx.setattr(ix, "k_norm", copy.deepcopy(kn).to(torch.bfloat16))
+
+
 @torch.no_grad()
 def m_indexer_weights_unscaled(ctx: Ctx) -> None:
     ix = _indexer(ctx)
@@ -47,6 +60,9 @@ PLANTED: tuple[Planted, ...] = (
     # indexer.k
     Planted("indexer-knorm-eps", "indexer k_norm eps read from the wrong field (1.0 instead of 1e-6)", K1,
             m_indexer_knorm_eps, "indexer"),
+    Planted("indexer-knorm-bf16", "indexer k_norm built without dtype=torch.float32 (bf16 weight, bias and "
+            "reduction): below the reference tolerance, seen by a golden / baseline", K1, m_indexer_knorm_bf16,
+            "indexer"),
     # indexer.head_weights
     Planted("indexer-weights-unscaled", "indexer head weights miss the n_heads^-0.5 factor", K1,
             m_indexer_weights_unscaled, "indexer"),

@@ -14,8 +14,9 @@ def test_catalogue_entries_complete():
     from harness.components import PRODUCTION_COMPONENTS
 
     assert len(M.CATALOGUE) >= 25
-    assert len(M.BY_NAME) == len(M.CATALOGUE), "mutant names must be unique"
-    for m in M.CATALOGUE:
+    assert len(M.BY_NAME) == len(M.CATALOGUE) + len(M.GOLDEN_CATALOGUE), "mutant names must be unique"
+    assert M.GOLDEN_CATALOGUE, "a golden-only planted bug exists (bisect-check --baseline --plant)"
+    for m in (*M.CATALOGUE, *M.GOLDEN_CATALOGUE):
         assert m.stands_for and m.component and m.case and callable(m.apply), m.name
         assert m.component in PRODUCTION_COMPONENTS, (m.name, m.component)
         assert M.case_by_id(m.case).id == m.case
@@ -33,6 +34,12 @@ def test_list_subcommand(capsys):
 
 def test_unknown_mutant_is_usage_error(capsys):
     assert cli_main(["mutants", "--only", "no-such-mutant"]) == 2
+
+
+def test_a_golden_only_mutant_is_not_run_against_the_reference(capsys):
+    name = M.GOLDEN_CATALOGUE[0].name
+    assert cli_main(["mutants", "--only", name]) == 2
+    assert "bisect-check --baseline" in capsys.readouterr().err
 
 
 def test_cannot_run_is_125(monkeypatch, capsys):
