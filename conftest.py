@@ -28,6 +28,9 @@ def pytest_addoption(parser):
     group = parser.getgroup("hyv4")
     group.addoption("--update-goldens", action="store_true",
                     help="rewrite goldens/ from this run (fails the run so the diff is reviewed; refused when CI is set: true, 1, yes, ...)")
+    group.addoption("--require-goldens", action="store_true",
+                    help="a production golden missing for this platform fails its test (NOT JUDGED) instead of "
+                         "skipping it; .ci/gpu-nightly sets it (env HYV4_REQUIRE_GOLDENS=1 works too)")
     group.addoption("--hyv4-checkpoint", metavar="PATH", default=None,
                     help="a real HY V4 checkpoint directory for the real_checkpoint tests")
     group.addoption("--hypothesis-profile-name", metavar="NAME", default=None,
@@ -339,6 +342,11 @@ def _spread_the_long_gpu_tests(config, items) -> None:
 @pytest.fixture(scope="session")
 def update_goldens(request) -> bool:
     return bool(request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture(scope="session")
+def require_goldens(request) -> bool:
+    return bool(request.config.getoption("--require-goldens")) or os.environ.get("HYV4_REQUIRE_GOLDENS") == "1"
 
 
 @pytest.fixture(scope="session")

@@ -178,7 +178,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_bisect_check(args) -> int:
-    """Goldens + side by side for the default case set: 0 good, 1 bad, 125 cannot judge."""
+    """Side by side + goldens (or ``--baseline DIR``) for the default case set: 0 good, 1 bad,
+    125 cannot judge (also: a golden part not judged, unless ``--allow-unjudged``);
+    ``--record-baseline DIR`` records the baseline instead."""
     return _on_production("bisect_command", args)
 
 
@@ -253,6 +255,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plant", default=None, metavar="MUTANT",
                    help="self-test of the harness: plant a known bug (`mutants --list`) in every case it "
                         "applies to before judging; a working bisect-check then exits 1")
+    b.add_argument("--record-baseline", default=None, metavar="DIR",
+                   help="at the known-good vLLM: record this host's baseline of the side-by-side cases into DIR "
+                        "(all or nothing; judges nothing against a golden); 0 when every case was recorded")
+    b.add_argument("--force", action="store_true",
+                   help="with --record-baseline: replace an existing baseline DIR (never done without it)")
+    b.add_argument("--baseline", default=None, metavar="DIR",
+                   help="judge the production traces against the host baseline in DIR instead of the checked-in "
+                        "goldens (same tolerances); recorded on another GPU, torch or CUDA: exit 2")
+    b.add_argument("--allow-unjudged", action="store_true",
+                   help="exit 0, not 125, when the judged parts pass but a golden part could not be judged "
+                        "(the NOT JUDGED lines stay)")
     b.set_defaults(func=cmd_bisect_check)
 
     mu = sub.add_parser("mutants", help="apply known-bug mutants to vLLM in process; 0 all detected, 1 not, 125")

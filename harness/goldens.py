@@ -63,17 +63,33 @@ def read_manifest(root: Path = ROOT) -> dict:
 
 def write(kind: str, case_id: str, trace: dict, meta: dict, root: Path = ROOT) -> Path:
     """Write ``trace`` as golden ``{kind}/{case_id}.safetensors`` and record it in the manifest."""
-    path = root / kind / f"{case_id}.safetensors"
-    tensors = {k: _compact(v, k) for k, v in trace.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp))
+    return write_set(kind, {case_id: (trace, meta)}, root)[0]
+
+
+def write_set(kind: str, cases: dict[str, tuple[dict, dict]], root: Path = ROOT,
+              manifest_extra: dict | None = None) -> list[Path]:
+    """Write several goldens ``{case_id: (trace, meta)}`` of ``kind``, then the manifest once.
+
+    Each file is replaced atomically and the manifest (with ``manifest_extra``'s top-level keys)
+    last: a reader sees the old manifest until every file of the set is in place; a crash
+    between the two leaves a file the old manifest's sha256 refuses (GoldenError), never a
+    golden silently mixed from two recordings."""
+    paths, entries = [], {}
+    for case_id, (trace, meta) in cases.items():
+        path = root / kind / f"{case_id}.safetensors"
+        tensors = {k: _compact(v, k) for k, v in trace.items()}
+        atomic_write(path, lambda tmp, tensors=tensors: save_file(tensors, tmp))
+        entry = dict(meta)
+        entry.update(file=str(path.relative_to(root)), sha256=_sha256(path),
+                     versions={"harness": HARNESS_VERSION, "torch": torch.__version__,
+                               "python": platform.python_version(), **meta.get("versions", {})})
+        entries[f"{kind}/{case_id}"] = entry
+        paths.append(path)
     manifest = read_manifest(root)
-    entry = dict(meta)
-    entry.update(file=str(path.relative_to(root)), sha256=_sha256(path),
-                 versions={"harness": HARNESS_VERSION, "torch": torch.__version__,
-                           "python": platform.python_version(), **meta.get("versions", {})})
-    manifest["cases"][f"{kind}/{case_id}"] = entry
+    manifest["cases"].update(entries)
+    manifest.update(manifest_extra or {})
     atomic_write_json(root / MANIFEST, manifest, sort_keys=True)
-    return path
+    return paths
 
 
 def load(kind: str, case_id: str, root: Path = ROOT) -> tuple[dict, dict]:

@@ -159,6 +159,17 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
 
 FP8_CASE_IDS = tuple(c.id for c in GPU_CASES.values() if c.quant != "bf16")
 
+# The one list of the side-by-side cases a bisect judges: bisect-check's default set, and the
+# production goldens' and host baselines' case set (a case of the one without the other would be
+# judged against the reference only). Together these exercise every regime of harness/regimes.py
+# above its threshold (tests/cpu/test_regimes.py): tiny-k3-share index sharing, K = 3 and a heavy
+# sink; tiny-k2-long contexts beyond index_topk and routing near-ties; tiny-k2-clamp-headwise the
+# routed SwiGLU clamp, the headwise gate, fused experts and layers naming;
+# tiny-k2-fp8-ue8m0-fused-scale-long a block-FP8 checkpoint as stored (e4m3 weights, UE8M0
+# scales, fused experts with `.scale` names): vLLM's FP8 loading, FP8 GEMMs and UE8M0 paths,
+# a regression class the bf16 cases cannot see.
+BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise", "tiny-k2-fp8-ue8m0-fused-scale-long")
+
 # Configs the SM90 kernels refuse (kept to document the constraint; expected to raise).
 PROBE_CASES: dict[str, GpuCase] = {c.id: c for c in (
     GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10),

@@ -3,9 +3,17 @@
 compare: one side-by-side case (a checkpoint directory, preset:NAME with
 seeded weights, or a named GPU case; ``--tp N`` runs it on N GPUs and also
 against TP = 1) -> per-component table, optional JSON report; exit 0 / 1.
-bisect-check: a small default set of side-by-side cases plus the production
-goldens recorded for this platform -> exit 0 (good) / 1 (mismatch) / 125
-(cannot judge: the production path does not build here).
+bisect-check: a small default set of side-by-side cases (``BISECT_CASES``), each judged
+against the reference and against its production golden: the checked-in goldens of this
+platform, or with ``--baseline DIR`` a host baseline recorded at the good commit
+(``--record-baseline DIR``) -> exit 0 (good) / 1 (mismatch) / 125 (cannot judge: the
+production path does not build here, or a golden part could not be judged).
+
+No silent pass: a golden part that could not be judged (no golden for this platform, a case
+the baseline lacks, components a golden predates) prints ``NOT JUDGED: ...`` and is listed in
+the report's ``not_judged``; bisect-check then exits 125 unless a judged part failed (1), so
+``git bisect run`` never calls a commit good on a check that did not run. ``--allow-unjudged``
+makes that 0, with the line. ``compare`` prints the same lines and keeps its exit code.
 
 Exit codes are ``harness.exitcodes``'s: a checkpoint directory is validated
 by the loader before any GPU question (exit 2), and vLLM leaving a parameter
@@ -15,17 +23,14 @@ unloaded (``LoadAuditError``) is a bad commit (exit 1, naming the parameter).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
+from harness.production.cases import BISECT_CASES
+from harness.production.goldens.platform_key import describe, describe_vllm
 
-# Together these exercise every regime of harness/regimes.py above its threshold
-# (tests/cpu/test_regimes.py): tiny-k3-share index sharing, K = 3 and a heavy sink;
-# tiny-k2-long contexts beyond index_topk and routing near-ties; tiny-k2-clamp-headwise
-# the routed SwiGLU clamp, the headwise gate, fused experts and layers naming;
-# tiny-k2-fp8-ue8m0-fused-scale-long a block-FP8 checkpoint as stored (e4m3 weights, UE8M0
-# scales, fused experts with `.scale` names): vLLM's FP8 loading, FP8 GEMMs and UE8M0 paths,
-# a regression class the bf16 cases cannot see (FP8 tolerances, no production golden).
-DEFAULT_BISECT_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise", "tiny-k2-fp8-ue8m0-fused-scale-long")
+# The side-by-side cases of a bisect (harness.production.cases.BISECT_CASES: also the goldens' set)
+DEFAULT_BISECT_CASES = BISECT_CASES
 # vLLM's own speculator (engine.py): drafts accepted at planned rates, index sharing,
 # and the two-MTP-layer MultiModuleMTPSpeculator
 DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")
@@ -124,6 +129,36 @@ def validate_args(command: str, args) -> None:
             from harness.mutants import BY_NAME
             if plant not in BY_NAME:
                 raise CLIError(f"--plant {plant}: unknown mutant; known: {', '.join(BY_NAME)}")
+        _validate_baseline_args(args)
+
+
+def _validate_baseline_args(args) -> None:
+    """bisect-check's baseline flags: CLIError (exit 2) for a combination or a directory no machine could use."""
+    from harness.production.goldens import baseline
+
+    record, judge_dir = getattr(args, "record_baseline", None), getattr(args, "baseline", None)
+    if record and judge_dir:
+        raise CLIError("--record-baseline and --baseline: record at the good commit, judge with --baseline later")
+    if getattr(args, "force", False) and not record:
+        raise CLIError("--force applies to --record-baseline (it replaces an existing baseline)")
+    if record:
+        if getattr(args, "plant", None) is not None:
+            raise CLIError("--plant and --record-baseline: a baseline records vLLM as it is, never a planted bug")
+        if getattr(args, "allow_unjudged", False):
+            raise CLIError("--allow-unjudged and --record-baseline: recording judges nothing against a golden")
+        if not _side_by_side_ids(args):
+            raise CLIError("--record-baseline: no side-by-side case to record (engine cases have no baseline)")
+        baseline.check_record_target(record, getattr(args, "force", False))
+    if judge_dir:
+        baseline.read_stamp(judge_dir)
+
+
+def _side_by_side_ids(args) -> list[str]:
+    """bisect-check's side-by-side case ids (``--case`` or the default set), engine cases left out."""
+    from harness.production.engine.cases import ENGINE_CASES
+
+    ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
+    return [c for c in ids if c not in ENGINE_CASES]
 
 
 def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
@@ -202,6 +237,8 @@ def compare_command(args) -> int:
         if result is None:
             print(line)
             return code
+    from harness import goldens
+    from harness.production.goldens.goldens_gpu import GOLDEN_CASES, not_judged_line
     from harness.production.module.side_by_side import format_rows, run_facts, versions
 
     print(format_rows(result))
@@ -210,78 +247,201 @@ def compare_command(args) -> int:
         print(f"== TP={tp} vs TP=1 (step 0 components, draft tokens of every step): "
               f"{'PASS' if vs.passed else 'FAIL'}\n{vs.table()}")
         reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
+    golden_code, not_judged = EXIT_OK, []
+    if case.id in GOLDEN_CASES and case == _golden_case(case.id):  # the named case its golden was recorded from
+        if tp == 1:
+            golden, golden_code, not_judged = judge_golden("golden", case.id, result["_prod"], goldens.ROOT)
+            if golden is not None:
+                reports[f"golden/{case.id}"] = golden
+        else:
+            why = "a golden holds the TP = 1 run; TP = N is judged against TP = 1 above"
+            print(not_judged_line("golden", case.id, why))
+            not_judged = [{"part": f"golden/{case.id}", "reason": why}]
+    if not_judged:
+        print(f"NOT JUDGED: {len(not_judged)} golden part(s) of this verdict could not be judged (above); "
+              "compare's exit code is the judged parts' (bisect-check exits 125 here)")
     if args.report:
         result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case),
                                       model_kernel_paths=result.get("model_kernel_paths"))
-        save_report(args.report, reports, run_facts())
+        save_report(args.report, reports, {**run_facts(), "not_judged": not_judged})
         print(f"report: {args.report}")
-    return EXIT_OK if result["passed"] and (vs is None or vs.passed) else EXIT_MISMATCH
+    passed = result["passed"] and (vs is None or vs.passed) and golden_code == EXIT_OK
+    return EXIT_OK if passed else EXIT_MISMATCH
 
 
-def _bisect_side_by_side(ids, plant) -> tuple[dict, dict, int, str | None]:
-    """bisect-check's side-by-side cases and their production goldens, in this process ->
-    (reports, regime values, verdict, the one line of a case that did not run, else None:
-    a load failure is a bad commit (1), any other crash cannot judge (125))."""
+def _golden_case(case_id: str):
     from harness.production.cases import GPU_CASES
-    from harness.production.goldens.goldens_gpu import check_production_golden
+
+    return GPU_CASES.get(case_id)
+
+
+def judge_golden(label: str, case_id: str, prod: dict, root) -> tuple[object, int, list[dict]]:
+    """``case_id``'s production trace against its golden under ``root`` (the checked-in goldens, or
+    a host baseline: one check, ``goldens_gpu.check_production_golden``), its lines printed ->
+    (report or None, EXIT_OK / EXIT_MISMATCH of what was judged, the parts not judged:
+    [{"part", "reason"}])."""
+    from harness.production.goldens.goldens_gpu import absent_reason, check_production_golden, not_judged_line
+
+    golden = check_production_golden(case_id, prod, root)
+    if golden is None:
+        why = absent_reason(case_id, root) or "no golden"
+        print(not_judged_line(label, case_id, why))
+        return None, EXIT_OK, [{"part": f"{label}/{case_id}", "reason": why}]
+    first = golden.first_divergent
+    print(f"{'ok  ' if golden.passed else 'FAIL'} {label} {case_id}"
+          + ("" if golden.passed or first is None else f": first divergent {first.name}")
+          + f" (recorded with {describe_vllm(golden.meta.get('recorded_with'))})")
+    missing = []
+    if golden.meta.get("stale"):
+        print(not_judged_line(label, case_id, golden.meta["stale"]))
+        missing.append({"part": f"{label}/{case_id}", "reason": golden.meta["stale"]})
+    return golden, (EXIT_OK if golden.passed else EXIT_MISMATCH), missing
+
+
+def unjudged_verdict(verdict: int, not_judged: list[dict], allow_unjudged: bool) -> int:
+    """bisect-check's exit code once parts could not be judged: a judged failure (1) or a run that
+    could not be judged (125) stands; a pass with unjudged parts is 125 (``allow_unjudged``: 0),
+    with a last line that says so."""
+    if not not_judged:
+        return verdict
+    n = f"{len(not_judged)} part(s) of the verdict could not be judged (listed above)"
+    if verdict != EXIT_OK:
+        print(f"NOT JUDGED: {n}; the exit code ({verdict}) stands on the parts that were")
+        return verdict
+    if allow_unjudged:
+        print(f"NOT JUDGED: {n}; exit 0 only because of --allow-unjudged: the judged parts passed")
+        return EXIT_OK
+    print(f"NOT JUDGED: {n}: exit 125, cannot judge (a bisect skips this commit; record a baseline at the "
+          "good commit with --record-baseline DIR and judge with --baseline DIR, or --allow-unjudged for 0)")
+    return EXIT_CANNOT_JUDGE
+
+
+@dataclasses.dataclass
+class _SideBySide:
+    """What bisect-check's side-by-side cases gave: reports, regime values, production traces."""
+    reports: dict = dataclasses.field(default_factory=dict)
+    regimes: dict = dataclasses.field(default_factory=dict)
+    traces: dict = dataclasses.field(default_factory=dict)
+    not_judged: list = dataclasses.field(default_factory=list)
+    verdict: int = EXIT_OK
+    failed_line: str | None = None  # the one line of a case that did not run
+
+
+def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None) -> _SideBySide:
+    """bisect-check's side-by-side cases, in this process, each against the reference and (``golden``:
+    (label, root), None when recording) against its golden. A case that does not run ends the loop:
+    a load failure is a bad commit (1), any other crash cannot judge (125)."""
+    from harness.production.cases import GPU_CASES
     from harness.production.module.side_by_side import format_regimes
 
-    reports, regime_values, verdict = {}, {}, EXIT_OK
+    out = _SideBySide()
     for cid in ids:
         result, code, line = _run(GPU_CASES[cid], plant)
         if result is None:
-            return reports, regime_values, worst([verdict, code]), line
-        reports[f"side-by-side/{cid}"] = result["_report"]
+            out.verdict, out.failed_line = worst([out.verdict, code]), line
+            return out
+        out.reports[f"side-by-side/{cid}"] = result["_report"]
         result["_report"].meta.update(regimes=result["regimes"], model_kernel_paths=result.get("model_kernel_paths"))
-        regime_values[cid] = result["regimes"]
+        out.regimes[cid] = result["regimes"]
         first = result["first_divergent"]
         print(f"{'ok  ' if result['passed'] else 'FAIL'} side-by-side {cid}" + ("" if result["passed"] else f": first divergent {first}"))
         print(f"     regimes: {format_regimes(result['regimes'])}")
-        verdict = verdict if result["passed"] else EXIT_MISMATCH
-        golden = check_production_golden(cid, result["_prod"])
+        out.verdict = out.verdict if result["passed"] else EXIT_MISMATCH
         if golden is None:
-            print(f"     golden {cid}: no golden for this platform")
+            out.traces[cid] = result["_prod"]
             continue
-        reports[f"golden/{cid}"] = golden
-        gfirst = golden.first_divergent
-        print(f"{'ok  ' if golden.passed else 'FAIL'} golden {cid}" + ("" if golden.passed else f": first divergent {gfirst.name}"))
-        if golden.meta.get("stale"):
-            print(f"     golden {cid}: {golden.meta['stale']}")
-        verdict = verdict if golden.passed else EXIT_MISMATCH
-    return reports, regime_values, verdict, None
+        label, root = golden
+        report, code, missing = judge_golden(label, cid, result["_prod"], root)
+        if report is not None:
+            out.reports[f"{label}/{cid}"] = report
+        out.not_judged += missing
+        out.verdict = worst([out.verdict, code])
+    return out
 
 
 def bisect_command(args) -> int:
+    if getattr(args, "record_baseline", None):
+        return record_baseline_command(args)
+    from harness import goldens
     from harness.regimes import coverage, uncovered
     from harness.report import save_report
 
     from harness.production.engine.cases import ENGINE_CASES
+    from harness.production.goldens import baseline, goldens_gpu
     from harness.production.module.side_by_side import run_facts
 
     ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
     engine_ids = [c for c in ids if c in ENGINE_CASES]
     ids = [c for c in ids if c not in ENGINE_CASES]
+    # the golden each case is judged against: a host baseline (refused, exit 2, when recorded on
+    # another platform: before anything runs) or the checked-in goldens
+    stamp = None
+    if getattr(args, "baseline", None):
+        stamp = baseline.check_platform(args.baseline, goldens_gpu.platform())
+        golden = ("baseline", Path(args.baseline))
+        print(f"baseline {args.baseline}: platform {describe(stamp['platform'])}, recorded with "
+              f"{describe_vllm(stamp.get('recorded_with'))}")
+    else:
+        golden = ("golden", goldens.ROOT)
     # the speculator path: one engine per subprocess, started first and running while this
     # process runs the side-by-side cases on the same GPU, collected (and printed) after them
     # (a --plant mutant patches the module-level model only; HYV4_SPECULATOR_MUTANT the speculator)
     started = start_engine_cases(engine_ids, gpu_shared=bool(ids))
     try:
-        reports, regime_values, verdict, failed_line = _bisect_side_by_side(ids, getattr(args, "plant", None))
+        sbs = _bisect_side_by_side(ids, getattr(args, "plant", None), golden)
     except BaseException:
         stop_engine_cases(started)
         raise
     engine, engine_verdict = collect_engine_cases(started)
-    verdict = worst([verdict, engine_verdict])
-    if failed_line is not None:  # a side-by-side case did not run: its one line, then stop
-        print(failed_line)
+    verdict = worst([sbs.verdict, engine_verdict])
+    if sbs.failed_line is not None:  # a side-by-side case did not run: its one line, then stop
+        print(sbs.failed_line)
         return verdict
-    missing = uncovered(regime_values)
+    missing = uncovered(sbs.regimes)
     if missing:  # a harness weakness, not a vLLM verdict: reported, the exit code stays vLLM's
         print(f"warning: no case of this run exercises the regime(s) {missing} (harness/regimes.py)")
     if args.report:
-        save_report(args.report, reports, {**run_facts(), "engine": engine, "regimes": regime_values,
-                                             "regime_coverage": coverage(regime_values)})
-    return verdict
+        save_report(args.report, sbs.reports, {
+            **run_facts(), "engine": engine, "regimes": sbs.regimes,
+            "regime_coverage": coverage(sbs.regimes), "not_judged": sbs.not_judged,
+            "golden_root": str(golden[1]), "baseline": stamp})
+    return unjudged_verdict(verdict, sbs.not_judged, getattr(args, "allow_unjudged", False))
+
+
+def record_baseline_command(args) -> int:
+    """``bisect-check --record-baseline DIR``: run the side-by-side cases (each still judged against
+    the reference, and said so) and record their production traces as baseline DIR, all or nothing:
+    0 when every case was recorded; a case that does not run records nothing (its code: 1 / 125)."""
+    from harness.atomic import write_errors, write_failure
+    from harness.report import save_report
+
+    from harness.production.goldens import baseline
+    from harness.production.module.side_by_side import run_facts
+
+    ids = _side_by_side_ids(args)
+    left = [c for c in (args.case or DEFAULT_BISECT_ENGINE_CASES) if c not in ids]
+    if left:
+        print(f"engine case(s) {', '.join(left)}: not part of a baseline (vLLM's speculator is judged "
+              "against its own expectations at every commit)")
+    sbs = _bisect_side_by_side(ids, None, None)
+    if sbs.failed_line is not None:
+        print(sbs.failed_line)
+        print(f"nothing recorded: {args.record_baseline} is unchanged")
+        return sbs.verdict
+    if sbs.verdict != EXIT_OK:
+        print("warning: a side-by-side case failed against the reference at this commit: the baseline records "
+              "this vLLM as it is (the reference part of every later verdict still judges it)")
+    try:
+        stamp = baseline.record(args.record_baseline, sbs.traces, force=getattr(args, "force", False))
+    except write_errors() as exc:
+        raise write_failure(f"--record-baseline {args.record_baseline}", exc) from exc
+    print(f"recorded baseline {args.record_baseline}: {len(sbs.traces)} case(s) ({', '.join(sbs.traces)}), "
+          f"platform {describe(stamp['platform'])}, {describe_vllm(stamp['recorded_with'])}; "
+          f"judge later commits with: bisect-check --baseline {args.record_baseline}")
+    if args.report:
+        save_report(args.report, sbs.reports, {**run_facts(), "regimes": sbs.regimes,
+                                                 "recorded_baseline": str(args.record_baseline)})
+    return EXIT_OK
 
 
 def run_engine_cases(case_ids) -> tuple[dict, int]:

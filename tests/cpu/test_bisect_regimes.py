@@ -34,7 +34,9 @@ def _stand_in(case, clamp: bool = True) -> dict:
 def faked(monkeypatch):
     monkeypatch.setattr(sbs, "run_case", lambda case, **_: _stand_in(case))
     monkeypatch.setattr(sbs, "versions", lambda: {"note": "CPU stand-in"})
-    monkeypatch.setattr(goldens_gpu, "check_production_golden", lambda *a, **k: None)  # no golden here
+    # a platform no golden was recorded on: every golden part is NOT JUDGED (--allow-unjudged below)
+    monkeypatch.setattr(goldens_gpu, "platform", lambda: {"gpu": "CPU stand-in", "capability": "0.0",
+                                                          "torch": "none", "cuda": None})
 
     def planted(case, name):
         assert name == "clamp-removed"
@@ -43,7 +45,7 @@ def faked(monkeypatch):
 
 
 def _args(tmp_path, cases=None, plant=None):
-    return argparse.Namespace(case=cases, report=str(tmp_path / "bisect.json"), plant=plant)
+    return argparse.Namespace(case=cases, report=str(tmp_path / "bisect.json"), plant=plant, allow_unjudged=True)
 
 
 def test_bisect_report_carries_regimes_and_coverage(tmp_path, faked, capsys):
@@ -57,7 +59,10 @@ def test_bisect_report_carries_regimes_and_coverage(tmp_path, faked, capsys):
     assert out.count("regimes: routed_clamp_frac=") == len(cases)
     assert ("warning: no case of this run exercises the regime(s) "
             "['topk_selecting_rows_frac', 'weight_ue8m0_rounded_frac']") in out
+    assert out.count("NOT JUDGED: golden ") == len(cases)  # one per case: no golden for this platform
+    assert "NOT JUDGED: 2 part(s) of the verdict could not be judged" in out and "--allow-unjudged" in out
     doc = json.loads((tmp_path / "bisect.json").read_text())
+    assert [e["part"] for e in doc["meta"]["not_judged"]] == [f"golden/{c}" for c in cases]
     assert set(doc["meta"]["regimes"]) == set(cases)
     coverage = doc["meta"]["regime_coverage"]
     assert set(coverage) == {k for k, r in REGIMES.items() if r.threshold is not None}

@@ -16,7 +16,13 @@ from harness.production.goldens import goldens_gpu as g
 from harness.production.module import side_by_side as sbs
 from harness.production.verdict.fp8_emulation import as_production_trace
 
-PLATFORM = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "vllm": "0.33.0"}
+PLATFORM = {"gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0+cu130", "cuda": "13.0"}
+
+
+@pytest.fixture(autouse=True)
+def _vllm_stamp(monkeypatch):
+    """The vLLM a golden is stamped with, without importing vLLM."""
+    monkeypatch.setattr(g, "recorded_with", lambda: {"vllm": "0.33.0", "vllm_commit": "g4ba787ec9"})
 
 
 def _trace():
@@ -46,6 +52,37 @@ def test_one_ulp_is_visible_and_platform_keyed(tmp_path, monkeypatch):
     assert g.check_production_golden("c", jitter, tmp_path).passed
     monkeypatch.setattr(g, "platform", lambda: {**PLATFORM, "gpu": "NVIDIA H100"})
     assert g.check_production_golden("c", prod, tmp_path) is None
+    assert g.absent_reason("c", tmp_path) == ("no golden for platform gpu=NVIDIA H100, capability=9.0, "
+                                              "torch=2.11.0+cu130, cuda=13.0")
+
+
+def test_the_platform_key_leaves_the_vllm_version_out(tmp_path, monkeypatch):
+    """A golden is judged on every vLLM of its platform and names the vLLM it was recorded with;
+    goldens stamped before the key had a compute capability (and with the vLLM in it) still apply."""
+    monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    prod = _trace()
+    g.record("c", prod, tmp_path)
+    entry = goldens.read_manifest(tmp_path)["cases"]["production/c"]
+    assert entry["platform"] == PLATFORM and entry["recorded_with"]["vllm"] == "0.33.0"
+    monkeypatch.setattr(g, "recorded_with", lambda: {"vllm": "0.34.0", "vllm_commit": None})
+    rep = g.check_production_golden("c", prod, tmp_path)
+    assert rep.passed and rep.meta["recorded_with"] == {"vllm": "0.33.0", "vllm_commit": "g4ba787ec9"}
+    legacy = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "vllm": "0.33.0"}
+    goldens.write(g.KIND, "old", g._encode("old", prod), {"case": "old", "platform": legacy}, tmp_path)
+    rep = g.check_production_golden("old", prod, tmp_path)
+    assert rep.passed and rep.meta["recorded_with"] == {"vllm": "0.33.0", "vllm_commit": None}
+    monkeypatch.setattr(g, "platform", lambda: {**PLATFORM, "torch": "2.12.0+cu130"})
+    assert g.check_production_golden("old", prod, tmp_path) is None
+
+
+def test_the_golden_cases_are_the_default_bisect_set_and_the_checked_in_goldens_fit():
+    from harness.production import compare_cli
+    from harness.production.cases import BISECT_CASES
+
+    assert g.GOLDEN_CASES is BISECT_CASES and compare_cli.DEFAULT_BISECT_CASES is BISECT_CASES
+    assert "tiny-k2-fp8-ue8m0-fused-scale-long" in g.GOLDEN_CASES
+    size = sum(p.stat().st_size for p in goldens.ROOT.rglob("*") if p.is_file())
+    assert size < 5 * 2**20, f"goldens/ holds {size} bytes: re-record the long cases at ROW_CAP {g.ROW_CAP}"
 
 
 def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):

@@ -1,13 +1,15 @@
-"""Production goldens: vLLM's trace now vs the one recorded on a known-good
-vLLM on this platform (GPU model, torch, CUDA, vLLM)."""
+"""Production goldens: vLLM's trace now vs the one recorded on a known-good vLLM on this platform
+(GPU model, compute capability, torch, CUDA; any vLLM version: the golden names the one it was
+recorded with). A golden missing for this platform is NOT JUDGED: a skip that says so, or with
+``--require-goldens`` (.ci/gpu-nightly) a failure, never a pass."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
-from harness.production.goldens.goldens_gpu import GOLDEN_CASES, check_production_golden, has_golden, platform, record
+from harness.production.goldens.goldens_gpu import (GOLDEN_CASES, absent_reason, check_production_golden,
+                                                    not_judged_line, record)
+from harness.production.goldens.platform_key import describe_vllm
 from harness.production.cases import GPU_CASES
 from harness.production.module.side_by_side import run_case
 
@@ -15,14 +17,22 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("case_id", GOLDEN_CASES)
-def test_production_matches_its_golden(case_id, update_goldens):
-    if not update_goldens and not has_golden(case_id):
-        pytest.skip(f"no golden for this platform {platform()} (record one with --update-goldens): {case_id}")
+def test_production_matches_its_golden(case_id, update_goldens, require_goldens):
+    why = None if update_goldens else absent_reason(case_id)
+    if why is not None:
+        line = not_judged_line("golden", case_id, why) + " (record one on purpose: --update-goldens)"
+        if require_goldens:
+            pytest.fail(line)
+        pytest.skip(line)
     result = run_case(GPU_CASES[case_id])
     if update_goldens:
         record(case_id, result["_prod"])
         pytest.fail(f"production golden {case_id} rewritten: review `git diff goldens/`")
     report = check_production_golden(case_id, result["_prod"])
-    if report.meta.get("stale"):
-        warnings.warn(f"{case_id}: {report.meta['stale']}")
-    assert report.passed, report.table()
+    recorded = f"golden recorded with {describe_vllm(report.meta.get('recorded_with'))}"
+    assert report.passed, f"{recorded}\n{report.table()}"
+    if report.meta.get("stale"):  # the judged components passed; the rest of the golden was not judged
+        line = not_judged_line("golden", case_id, report.meta["stale"])
+        if require_goldens:
+            pytest.fail(line)
+        pytest.skip(line)

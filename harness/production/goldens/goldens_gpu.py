@@ -3,11 +3,15 @@ vLLM and platform, checked with tolerances far tighter than the reference's.
 
 They catch production drift that the reference tolerance (bf16 / FP8 noise)
 would hide, e.g. a kernel change of one bf16 ulp. A golden belongs to its
-platform (GPU model, torch, CUDA, vLLM): on another one the check reports "no
-golden for this platform" instead of failing.
+platform (GPU model, compute capability, torch, CUDA: ``platform_key``), and is
+judged on every vLLM version of it; on another platform there is no golden to
+judge, and the callers say so ("NOT JUDGED"), never "ok". A host baseline
+(``baseline.py``, ``bisect-check --record-baseline DIR``) is the same thing
+under another root, recorded by the user at a known-good vLLM.
 
-    python -m harness.production.goldens_gpu record --root DIR [--case ID ...]
-    python -m harness.production.goldens_gpu check [--case ID ...]
+    python -m harness.production.goldens_gpu record [--root DIR] [--case ID ...]   # 0: every case recorded
+    python -m harness.production.goldens_gpu check [--root DIR] [--case ID ...]    # 0 / 1 / 125 (not judged)
+    python -m harness.production.goldens_gpu list [--root DIR]                     # CPU: each golden's platform
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from harness import goldens
 from harness.compare import (INDEX_COMPONENTS, ComponentResult, Report, Tolerance, compare_traces,
                              index_rows_differing)
 from harness.components import PRODUCTION_COMPONENTS
+from harness.production.cases import BISECT_CASES
+from harness.production.goldens import platform_key
 from harness.production.verdict.judge import derive_indexer
 from harness.production.verdict.tolerances import GPU_VS_REFERENCE
 
 KIND = "production"
-GOLDEN_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise")
+# the default bisect set, every case of it (one list: harness.production.cases.BISECT_CASES)
+GOLDEN_CASES = BISECT_CASES
 # Every component the side by side compares (the registry's PRODUCTION_COMPONENTS), so
 # the first divergent component of a golden check names the cause (issue 12: a k_norm LayerNorm
 # no longer in fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's
@@ -34,9 +41,12 @@ GOLDEN_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise")
 # weights exactly as the side by side derives them (harness.production.verdict.judge.derive_indexer).
 STORED = PRODUCTION_COMPONENTS
 # Steps with more rows than this store an evenly spaced subset of their per-token rows (each
-# request's first and last row included; ``step{k}.golden_rows``): tiny-k2-long's 317 step-0
-# rows of every component would be ~5 MB, the goldens directory has to stay under 5 MB.
-ROW_CAP = 128
+# request's first and last row included; ``step{k}.golden_rows``): a kept row costs ~15 kB
+# (every component), the two long cases' 317 step-0 rows would be ~5 MB each, and the goldens
+# directory (reference goldens ~1.8 MB included) has to stay under 5 MB: 64 rows keep each long
+# case near 1 MB (128 did for one long case, not for two). A golden's kept rows are stored with
+# it, so goldens recorded under another cap are still judged at their own rows.
+ROW_CAP = 64
 ROWS = "golden_rows"
 # indexer.q_deq = q_fp8 * q_scale is stored as the e4m3 values (1 byte each) and rebuilt exactly.
 Q_FP8 = "indexer.q_fp8"
@@ -66,10 +76,13 @@ TIGHT = {
 
 
 def platform() -> dict:
-    import vllm
+    """This host's platform key (``platform_key.KEY_FIELDS``): what a golden must match to be judged."""
+    return platform_key.platform()
 
-    return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "vllm": vllm.__version__}
+
+def recorded_with() -> dict:
+    """The installed vLLM's version and commit: stamped on a golden, never part of its key."""
+    return platform_key.recorded_with()
 
 
 def _step_comp(key: str) -> tuple[str, str]:
@@ -184,19 +197,43 @@ def _tolerances(stored: dict) -> dict:
     return out
 
 
-def record(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Path:
-    tensors = _encode(case_id, prod)
-    path = goldens.write(KIND, case_id, tensors, {
-        "case": case_id, "platform": platform(), "versions": platform(), "format": FORMAT, "row_cap": ROW_CAP,
+def _golden(case_id: str, prod: dict, key: dict, vllm: dict) -> tuple[dict, dict]:
+    """(the tensors, the manifest entry) of ``case_id``'s golden from production trace ``prod``."""
+    return _encode(case_id, prod), {
+        "case": case_id, "platform": key, "recorded_with": vllm, "versions": {**key, **vllm},
+        "format": FORMAT, "row_cap": ROW_CAP,
         "components": [c for c in STORED if any(k.endswith("." + c) for k in golden_view(case_id, prod))],
-        "tolerance": {k: [t.atol, t.rtol] for k, t in TIGHT.items()}}, root)
-    return path
+        "tolerance": {k: [t.atol, t.rtol] for k, t in TIGHT.items()}}
+
+
+def record_set(traces: dict[str, dict], root: Path = goldens.ROOT, manifest_extra: dict | None = None) -> list[Path]:
+    """Record the goldens of ``{case_id: production trace}`` under ``root``, stamped with this
+    platform's key and vLLM: every tensor encoded before anything is written, the manifest last
+    (``goldens.write_set``)."""
+    key, vllm = platform(), recorded_with()
+    cases = {cid: _golden(cid, prod, key, vllm) for cid, prod in traces.items()}
+    return goldens.write_set(KIND, cases, root, manifest_extra)
+
+
+def record(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Path:
+    """Record one case's golden (``record_set`` of one)."""
+    return record_set({case_id: prod}, root)[0]
+
+
+def absent_reason(case_id: str, root: Path = goldens.ROOT) -> str | None:
+    """Why ``case_id`` has no golden to judge under ``root`` on this platform, or None when it has."""
+    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
+    if entry is None:
+        return f"no golden of this case in {root}"
+    now = platform()
+    if platform_key.mismatch(entry.get("platform") or {}, now) is not None:
+        return f"no golden for platform {platform_key.describe(now)}"
+    return None
 
 
 def has_golden(case_id: str, root: Path = goldens.ROOT) -> bool:
-    """Whether a production golden of ``case_id`` exists for this platform."""
-    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
-    return entry is not None and entry.get("platform") == platform()
+    """Whether a production golden of ``case_id`` exists for this platform (any vLLM version)."""
+    return absent_reason(case_id, root) is None
 
 
 def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Report | None:
@@ -204,7 +241,8 @@ def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT)
     this platform. Components the golden predates are not judged: ``meta["stale"]`` says so."""
     if not has_golden(case_id, root):
         return None
-    stored, rows = _decode(goldens.load(KIND, case_id, root)[0])
+    tensors, entry = goldens.load(KIND, case_id, root)
+    stored, rows = _decode(tensors)
     full = golden_view(case_id, prod)
     now, positions = {}, {}
     for step in sorted({_step_comp(k)[0] for k in full}):
@@ -213,7 +251,7 @@ def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT)
             rep = Report([ComponentResult(f"{step}.{ROWS}", False, None,
                                           note=f"golden rows up to {int(r.max())} but this run has {n} tokens: "
                                                f"the case's inputs changed since recording; re-record")])
-            rep.meta.update(case=case_id, kind=KIND)
+            rep.meta.update(case=case_id, kind=KIND, root=str(root), recorded_with=_recorded_with(entry))
             return rep
         if n is not None:
             positions[f"{step}.positions"] = _take(prod[f"{step}.positions"].cpu(), r, n)
@@ -250,11 +288,20 @@ def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT)
             r.note = (f"{len(bad_rows)} of {len(variant)} {'kept ' if kept is not None else ''}rows differ, "
                       f"all order-variant (context > index_topk {index_topk}; rows {bad_rows[:6]}), "
                       f"within the reference tolerance")
-    report.meta.update(case=case_id, kind=KIND)
+    report.meta.update(case=case_id, kind=KIND, root=str(root), recorded_with=_recorded_with(entry))
     if predates:
         report.meta["stale"] = (f"golden recorded before {', '.join(predates)} was stored: re-record "
                                 f"(python -m harness.production.goldens_gpu record); those are not judged")
     return report
+
+
+def _recorded_with(entry: dict) -> dict:
+    """The vLLM a golden was recorded with (older entries: the vLLM field of their platform stamp)."""
+    got = entry.get("recorded_with")
+    if got:
+        return dict(got)
+    old = entry.get("platform") or {}
+    return {"vllm": old.get("vllm"), "vllm_commit": None}
 
 
 def _config(case_id: str):
@@ -303,29 +350,89 @@ def _rows_out_of_tolerance(actual: torch.Tensor, expected: torch.Tensor, tol: To
     return torch.nonzero(bad.reshape(bad.shape[0], -1).any(-1)).flatten().tolist()
 
 
+def not_judged_line(label: str, case_id: str, reason: str) -> str:
+    """The line a part that could not be judged prints: words a bisecting user cannot miss."""
+    return f"NOT JUDGED: {label} {case_id} ({reason})"
+
+
+def list_goldens(root: Path = goldens.ROOT) -> list[str]:
+    """One line per production golden under ``root``: its platform key and the vLLM it was recorded with."""
+    cases = goldens.read_manifest(root)["cases"]
+    return [f"{key}: platform {platform_key.describe(platform_key.key_of(e.get('platform') or {}))}; "
+            f"recorded with {platform_key.describe_vllm(_recorded_with(e))}"
+            for key, e in sorted(cases.items()) if key.startswith(KIND + "/")]
+
+
 def main(argv=None) -> int:
+    """record / check / list (exit codes: ``harness.exitcodes``; check: 125 when a case has no
+    golden for this platform, never 0)."""
+    from harness.exitcodes import OneLineParser, run_guarded
+
+    ap = OneLineParser(prog="python -m harness.production.goldens_gpu", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=("record", "check", "list"))
+    ap.add_argument("--case", action="append", help=f"case id (default: {', '.join(GOLDEN_CASES)})")
+    ap.add_argument("--root", default=str(goldens.ROOT), help="goldens directory (default: the checked-in goldens/)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    args = ap.parse_args(argv)
+    return run_guarded(_command, args, debug=args.debug)
+
+
+def _command(args) -> int:
+    from harness.ci_env import ci_is_set
+    from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, worst
     from harness.production.cases import GPU_CASES
+    from harness.runtime import cannot_run_production_reason
+
+    root = Path(args.root)
+    ids = args.case or list(GOLDEN_CASES)
+    unknown = [c for c in ids if c not in GPU_CASES]
+    if unknown:
+        raise CLIError(f"--case {unknown[0]}: unknown case; known: {', '.join(GPU_CASES)}")
+    if args.action == "list":
+        for line in list_goldens(root) or [f"no production goldens in {root}"]:
+            print(line)
+        return EXIT_OK
+    checked_in = root.resolve() == goldens.ROOT.resolve()
+    if args.action == "record" and checked_in and ci_is_set():
+        raise CLIError(f"record into {root} is refused when CI is set: the checked-in goldens are "
+                       "re-recorded on purpose, by a person (or give --root DIR)")
+    reason = cannot_run_production_reason()
+    if reason:
+        print(f"cannot judge: {reason}")
+        return EXIT_CANNOT_JUDGE
     from harness.production.module.side_by_side import run_case
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("action", choices=("record", "check"))
-    ap.add_argument("--case", action="append")
-    ap.add_argument("--root", default=str(goldens.ROOT))
-    args = ap.parse_args(argv)
-    status = 0
-    for cid in args.case or GOLDEN_CASES:
+    if args.action == "record":  # every case run before anything is written: all recorded or none
+        traces = {}
+        for cid in ids:
+            try:
+                traces[cid] = run_case(GPU_CASES[cid])["_prod"]
+            except Exception as exc:  # noqa: BLE001 - one line, nothing written
+                print(f"cannot judge: production run of {cid} failed, nothing recorded: "
+                      f"{exc.__class__.__name__}: {first_line(exc)}")
+                return EXIT_CANNOT_JUDGE
+        for path in record_set(traces, root):
+            print(f"recorded {path}")
+        print(f"recorded {len(traces)} production golden(s) for platform {platform_key.describe(platform())} "
+              f"with {platform_key.describe_vllm(recorded_with())}"
+              + (": review `git diff goldens/` before committing" if checked_in else f" under {root}"))
+        return EXIT_OK
+    status = EXIT_OK
+    for cid in ids:
         result = run_case(GPU_CASES[cid])
-        if args.action == "record":
-            print(f"recorded {record(cid, result['_prod'], Path(args.root))}")
-            continue
-        rep = check_production_golden(cid, result["_prod"], Path(args.root))
+        rep = check_production_golden(cid, result["_prod"], root)
         if rep is None:
-            print(f"{cid}: no golden for this platform {platform()}")
+            print(not_judged_line("golden", cid, absent_reason(cid, root)))
+            status = worst([status, EXIT_CANNOT_JUDGE])
             continue
         print(rep.table())
+        print(f"{'ok  ' if rep.passed else 'FAIL'} golden {cid} (recorded with "
+              f"{platform_key.describe_vllm(rep.meta.get('recorded_with'))})")
+        status = worst([status, EXIT_OK if rep.passed else EXIT_MISMATCH])
         if rep.meta.get("stale"):
-            print(f"{cid}: {rep.meta['stale']}")
-        status |= 0 if rep.passed else 1
+            print(not_judged_line("golden", cid, rep.meta["stale"]))
+            status = worst([status, EXIT_CANNOT_JUDGE])
     return status
 
 
