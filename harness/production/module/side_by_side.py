@@ -54,6 +54,7 @@ def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around
     sess = ProductionSession(hf, num_speculative_tokens=case.steps, **(session_kw or {}))
     t_build = time.perf_counter() - t0
     sess.load(ckpt, strict=not case.known_audit)
+    unquantized = check_expected_unquantized(case, sess.model)
     t_load = time.perf_counter() - t0 - t_build
     def run() -> dict:
         out = sess.run(first, case.steps)
@@ -63,13 +64,37 @@ def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around
     t_run = time.perf_counter() - t0 - t_build - t_load
     info = {"audit": sess.audit_problems, "attach_notes": sess.attach_notes,
             "step_notes": [dataclasses.asdict(n) for n in sess.notes],
-            "timing_s": {"build": t_build, "load": t_load, "run": t_run}}
+            "timing_s": {"build": t_build, "load": t_load, "run": t_run},
+            "unquantized_modules": unquantized}
     if case.quant != "bf16":
         try:
             info["fp8_kernels"] = fp8_kernel_notes(sess.model)
         except Exception as exc:  # noqa: BLE001 - notes must not cost the verdict
             info["fp8_kernels"] = {"error": f"{exc.__class__.__name__}: {exc}"}
     return prod, info
+
+
+def check_expected_unquantized(case: GpuCase, model) -> dict | None:
+    """{module: quant method} of the modules ``case.expect_unquantized`` names (None: it names none).
+
+    The proof a case went through its config's exclusion path: each named module must be built
+    with an ``Unquantized*`` method. One built quantized is a load failure (exit 1, naming it);
+    one that does not exist means the case no longer describes this vLLM (cannot judge)."""
+    if not case.expect_unquantized:
+        return None
+    from harness.exitcodes import CannotJudge
+    from harness.production.module import audit
+
+    methods = audit.module_quant_methods(model)
+    absent = [m for m in case.expect_unquantized if m not in methods]
+    if absent:
+        raise CannotJudge(f"{case.id}: expected unquantized module(s) {absent} have no quant method in this "
+                          f"vLLM's HYV4MTP (the case's module names are out of date)")
+    bad = [f"{m}: {case.id} expects vLLM to build it unquantized (the checkpoint's exclusion), "
+           f"built with {methods[m]}" for m in case.expect_unquantized if not audit.is_unquantized_method(methods[m])]
+    if bad:
+        raise audit.LoadAuditError(bad)
+    return {m: methods[m] for m in case.expect_unquantized}
 
 
 def fp8_kernel_notes(model) -> dict:
