@@ -62,8 +62,10 @@ def quant_method_problems(hf_config: dict, methods: dict[str, str]) -> list[str]
     ``methods``: ``module_quant_methods``. A module the config excludes
     (``Fp8Plan.excluded_by`` on its quant prefix; every module when the MTP layers are
     unquantized) must have an ``Unquantized*`` method; a module the plan holds in FP8 must
-    not. KV-cache methods (``*KVCacheMethod``) are not weight quantization and are skipped, as are
-    private (``_``-named) platform wrappers.
+    not. Only the modules vLLM builds with the MTP quant config are judged (the MTP layers'
+    quantizable linears and routed experts, ``harness.checkpoint.quant``, and the shared head
+    ``lm_head``); KV-cache methods (``*KVCacheMethod``) are not weight quantization and are
+    skipped, as are private (``_``-named) platform wrappers.
     """
     from reference.config import MTPConfig
 
@@ -75,11 +77,17 @@ def quant_method_problems(hf_config: dict, methods: dict[str, str]) -> list[str]
     fp8_modules = {} if plan is None else {
         f"model.layers.{n + i}.{_QUANT_MODULES[leaf][0]}": i
         for i, leaves in plan.quantized.items() for leaf in leaves}
+    # the modules vLLM builds with the MTP quant config (the rest, e.g. the router gate or the
+    # indexer's wk_weights_proj, are built without one: no exclusion rule governs them)
+    governed = {"lm_head"} | {f"model.layers.{n + i}.{module}" for i in range(cfg.num_mtp_layers)
+                              for module, _ in _QUANT_MODULES.values()}
     problems = []
     for name, method in methods.items():
         if method.endswith("KVCacheMethod") or method.startswith("_"):  # KV cache scales; private wrappers
             continue
         prefix = quant_prefix(name)
+        if prefix not in governed:
+            continue
         if plan is None:
             why = f"the MTP layers are unquantized (mtp_quant_algo={hf_config.get('mtp_quant_algo')!r})"
         else:
