@@ -168,7 +168,7 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     # by its exact name, the routed experts by the wildcard model.mtp_layers.0.mlp.experts*
     # (ModelOpt FP8 experts are per-tensor static W8A8, not modelled), lm_head by name.
     GpuCase("tiny-k2-modelopt-pb-long", requests=2, tokens=160, steps=2, seed=23, quant="modelopt-fp8-pb",
-            expect_unquantized=_MTP0_GATE + ("model.layers.2.mtp_block.mlp.experts",
+            expect_unquantized=_MTP0_GATE + ("model.layers.2.mtp_block.mlp.experts.routed_experts",
                                              "model.layers.2.shared_head.head")),
     # dense MLP: every linear but the gate FP8; the exclusion bug (exclusions not remapped)
     # quantizes only linears here, so it surfaces as a load failure, not a crash

@@ -190,6 +190,16 @@ def test_audit_clean(tmp_path):
     assert quant_method_problems(_hf(tmp_path), _methods()) == []
 
 
+def test_audit_routed_experts_by_their_moe_prefix(tmp_path):
+    path, _ = _write(tmp_path)  # MoE: experts excluded by model.mtp_layers.0.mlp.experts*
+    hf = json.loads((path / "config.json").read_text())
+    experts = "model.layers.2.mtp_block.mlp.experts.routed_experts"
+    assert quant_method_problems(hf, {experts: "UnquantizedFusedMoEMethod"}) == []
+    probs = quant_method_problems(hf, {experts: "ModelOptFp8MoEMethod"})
+    assert len(probs) == 1 and probs[0].startswith(f"{experts}: quantization_config.exclude_modules excludes it "
+                                                   "('model.layers.2.mlp.experts*')")
+
+
 def test_audit_names_excluded_module_built_quantized(tmp_path):
     probs = quant_method_problems(_hf(tmp_path), _methods(**{GATE: "ModelOptLinearMethod"}))
     assert len(probs) == 1 and probs[0].startswith(f"{GATE}: quantization_config.exclude_modules excludes it "
@@ -330,5 +340,58 @@ def test_audit_ignores_modules_built_without_the_quant_config(tmp_path):
     assert quant_method_problems(hf8, {"model.layers.2.mtp_block.self_attn.indexer.wk_weights_proj":
                                        "UnquantizedLinearMethod",
                                        "model.layers.2.mtp_block.mlp.gate": "UnquantizedLinearMethod",
-                                       "model.layers.2.mtp_block.mlp.experts": "Fp8MoEMethod",
+                                       "model.layers.2.mtp_block.mlp.experts.routed_experts": "Fp8MoEMethod",
                                        "model.layers.2.mtp_block.self_attn.mla_attn": "Fp8KVCacheMethod"}) == []
+
+
+# ---- vLLM on a faked CUDA platform (tests/cpu/_vllm_config_probe.py, conftest's vllm_probe) ----------
+MODELOPT_IDS = ("tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense", "tiny-k2-modelopt-layer-bf16-dense")
+PLANTED = "tiny-k2-modelopt-pb-dense@exclusions-not-remapped"
+VLLM_PROBE = {"config": list(MODELOPT_IDS), "load": [*MODELOPT_IDS, PLANTED]}
+_KV_SCALES = ["model.layers.2.mtp_block.self_attn.mla_attn." + s for s in ("k_scale", "prob_scale", "q_scale", "v_scale")]
+
+
+def _answer(d: dict) -> dict:
+    assert "crash" not in d, d["crash"]
+    return d
+
+
+@pytest.mark.parametrize("case_id", MODELOPT_IDS)
+def test_vllm_config_for_modelopt_cases(vllm_probe, case_id):
+    d = _answer(vllm_probe.config[case_id])
+    assert d["quantization"] == d["draft_quantization"] == "modelopt" and d["quant_config"] == "ModelOptFp8Config"
+    assert d["draft_mtp_quant_algo"] is None  # the MTP layers inherit the ModelOpt config
+    assert d["draft_quantization_config"]["quant_algo"] == "FP8_PB_WO"
+
+
+@pytest.mark.parametrize("case_id", MODELOPT_IDS)
+def test_vllm_load_weights_takes_the_modelopt_checkpoint(vllm_probe, case_id):
+    """HYV4MTP built by vLLM (CPU): every parameter but the KV-cache scale sentinels (replaced after
+    loading) loaded, no warning, the dequantized FP8 parameters equal the reference exactly, every
+    module's quant method agrees with the exclusion rules, and the case's expected-unquantized
+    modules (its proof of the exclusion path) are built unquantized."""
+    from harness.production.cases import GPU_CASES
+
+    d = _answer(vllm_probe.load[case_id])
+    assert d["unloaded"] == _KV_SCALES and d["warnings"] == [] and d["mismatches"] == [], d
+    assert d["quant_problems"] == []
+    methods = d["quant_methods"]
+    for m in GPU_CASES[case_id].expect_unquantized:
+        assert methods[m].startswith("Unquantized"), (m, methods[m])
+    qb = "model.layers.2.mtp_block.self_attn.q_b_proj"
+    if case_id == "tiny-k2-modelopt-layer-bf16-dense":
+        assert d["dtypes"][qb + ".weight"] == "bfloat16" and methods[qb] == "UnquantizedLinearMethod"
+    else:
+        assert methods[qb] == "ModelOptLinearMethod" and d["dtypes"][qb + ".weight"] == "float8_e4m3fn"
+        assert d["dtypes"][qb + ".weight_scale"] == "float32"
+    if case_id == "tiny-k2-modelopt-pb-long":
+        assert methods["model.layers.2.mtp_block.mlp.experts.routed_experts"] == "UnquantizedFusedMoEMethod"
+
+
+def test_planted_exclusion_bug_is_named_first(vllm_probe):
+    """The planted bug on vLLM's own build: the gate gets a quantized method, its scale no value,
+    and the audit's first problem names the gate module."""
+    d = _answer(vllm_probe.load[PLANTED])
+    assert d["quant_problems"][0].startswith(f"{GATE}: quantization_config.exclude_modules excludes it")
+    assert d["quant_methods"][GATE] == "ModelOptLinearMethod"
+    assert GATE + ".weight_scale" in d["unloaded"]

@@ -31,10 +31,11 @@ class LoadAuditError(AssertionError):
 def quant_prefix(module_name: str) -> str:
     """The prefix vLLM built a draft module's quant method under: its name without ``.mtp_block``
     (``HYV4MultiTokenPredictorLayer`` builds its decoder block with the layer's own prefix);
-    an MTP layer's shared head is built as ``lm_head`` (the backbone's head prefix)."""
+    an MTP layer's shared head is built as ``lm_head`` (the backbone's head prefix), the routed
+    experts module (``...mlp.experts.routed_experts``) under its MoE layer's ``...mlp.experts``."""
     if module_name.endswith(".shared_head.head"):
         return "lm_head"
-    return module_name.replace(".mtp_block.", ".")
+    return module_name.replace(".mtp_block.", ".").removesuffix(".routed_experts")
 
 
 def module_quant_methods(model) -> dict[str, str]:
