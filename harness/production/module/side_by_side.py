@@ -1,6 +1,6 @@
 """Reference vs vLLM's production ``HYV4MTP``: run one case both ways and compare.
 
-    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--out DIR] [--save-traces]
+    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--modelopt] [--out DIR] [--save-traces]
     python -m harness.production.side_by_side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
 
 ``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``); tolerances are
@@ -31,7 +31,8 @@ import torch
 
 import reference as R
 from harness.atomic import atomic_write_json
-from harness.production.cases import FP8_CASE_IDS, GPU_CASES, PROBE_CASES, GpuCase, _case_from_dict, case_inputs
+from harness.production.cases import (FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES, GpuCase, _case_from_dict,
+                                      case_inputs)
 from harness.production.verdict.judge import judge
 
 
@@ -230,6 +231,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(GPU_CASES)})")
     ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(FP8_CASE_IDS)})")
+    ap.add_argument("--modelopt", action="store_true",
+                    help=f"the ModelOpt FP8_PB_WO cases ({', '.join(MODELOPT_CASE_IDS)})")
     ap.add_argument("--out", default=None, help="directory for side_by_side.json (default $OUT or out)")
     ap.add_argument("--save-traces", action="store_true", help="also write production traces (safetensors)")
     ap.add_argument("--rejudge", metavar="DIR", help="CPU only: re-judge the traces a --save-traces run wrote "
@@ -238,6 +241,8 @@ def main(argv=None) -> int:
     ids = list(args.case or [])
     if args.fp8:
         ids += [c for c in FP8_CASE_IDS if c not in ids]
+    if args.modelopt:
+        ids += [c for c in MODELOPT_CASE_IDS if c not in ids]
     if args.rejudge:
         code, _ = rejudge(args.rejudge, args.out, ids or None)
         return code
