@@ -210,10 +210,6 @@ def match_modelopt(prefix: str, shards: tuple[str, ...], patterns: list[str]) ->
     return next((p for p in patterns if fnmatch(prefix, p)), None)
 
 
-def _skipped(prefix: str, shards: tuple[str, ...], patterns: list[str]) -> bool:
-    return match_fp8config(prefix, shards, patterns) is not None
-
-
 def _quantized_leaves(cfg: MTPConfig, plan: Fp8Plan) -> dict[int, frozenset[str]]:
     n = cfg.num_hidden_layers
     quantized: dict[int, frozenset[str]] = {}
@@ -221,8 +217,11 @@ def _quantized_leaves(cfg: MTPConfig, plan: Fp8Plan) -> dict[int, frozenset[str]
         prefix = f"model.layers.{n + i}."
         leaves = set()
         for leaf in layer_shapes(cfg):
-            if leaf in _QUANT_MODULES and plan.excluded_by(prefix + _QUANT_MODULES[leaf][0]) is None:
-                leaves.add(leaf)
+            try:
+                if leaf in _QUANT_MODULES and plan.excluded_by(prefix + _QUANT_MODULES[leaf][0]) is None:
+                    leaves.add(leaf)
+            except ValueError as exc:  # mixed shards of a fused module
+                raise ValueError(f"quantization_config.{plan.exclusion_key}: {exc}") from exc
         quantized[i] = frozenset(leaves)
     return quantized
 
