@@ -242,7 +242,7 @@ REGISTRY: tuple[Component, ...] = (
     Component("attn.gate", "reference.attention.gate",
               hooks=_out(f"{_SA}.linear_gate", transform="sigmoid", optional=True), tp="head-sharded",
               tolerance=_tol(Tolerance(8e-3, 1e-2, "sigmoid in bf16 of a bf16 GEMM output: values in (0, 1), one or two ulps")),
-              regimes=("headwise_gate_rows", "elementwise_gate_rows")),
+              regimes=("headwise_gate_rows", "elementwise_gate_rows"), mutants=("exclusions-not-remapped",)),
     Component("attn.out", "reference.attention.apply_gate", hooks=_out(f"{_SA}.o_proj"), diagnostic=True,
               tolerance=_tol(_ATTN, (0.19, _OUT + " [9.5e-2]"), (0.17, _OUT + " [8.0e-2]")),
               regimes=("headwise_gate_rows", "elementwise_gate_rows"),
@@ -319,8 +319,16 @@ def _tolerance_tables() -> Mapping[str, Mapping[str, Tolerance]]:
 TOLERANCES: Mapping[str, dict[str, Tolerance]] = MappingProxyType(_tolerance_tables())
 
 
+# Checkpoint quantizations whose production GEMMs round as another's do: ModelOpt FP8_PB_WO runs
+# the same 128x128 block-FP8 kernels on float32 block scales with dynamic per-128-group
+# activations as the "fp8" Fp8Config checkpoints (its excluded modules are bf16, as there).
+QUANT_PRECISION: Mapping[str, str] = MappingProxyType({"modelopt-fp8-pb": "fp8"})
+
+
 def tolerance_table(precision: str) -> dict[str, Tolerance]:
-    """The component -> Tolerance table of checkpoints quantized as ``precision``."""
+    """The component -> Tolerance table of checkpoints quantized as ``precision`` (a
+    ``QUANT_PRECISION`` name reads its twin's table)."""
+    precision = QUANT_PRECISION.get(precision, precision)
     if precision not in TOLERANCES:
         raise KeyError(f"no GPU tolerances for quant {precision!r}; known: {', '.join(TOLERANCES)}")
     return TOLERANCES[precision]

@@ -10,7 +10,10 @@ every tensor of every listed shard, so it would load those too) and a shard
 shorter than its header says are refused before anything is read. Both namings
 (``model.mtp_layers.<i>`` / ``model.layers.<N+i>``), both routed-expert layouts
 (split / fused) and block FP8 (float32 scales, UE8M0 as uint8 bytes, e8m0 or
-power-of-two float32, expert ``.scale`` names) are accepted; FP8 is dequantized
+power-of-two float32, expert ``.scale`` names; ModelOpt ``FP8_PB_WO`` with 4-D
+``weight_scale``) are accepted, each module in FP8 or bf16 exactly as the
+config's exclusion list (``modules_to_not_convert`` / ``ignored_layers`` /
+``exclude_modules``, wildcards included) says vLLM builds it; FP8 is dequantized
 exactly (e4m3 value x scale in float64). Anything else is a ``CheckpointError``
 naming the file, the tensor and the problem, including checkpoints vLLM 0.33
 would load wrongly or silently incompletely (``strict_vllm``).
@@ -260,7 +263,8 @@ def _classify(leaf: str):
         v = checkpoint_leaf(k)
         if leaf == v:
             return k, "weight", ()
-        if v.endswith(".weight") and leaf == v.removesuffix(".weight") + ".weight_scale_inv":
+        if v.endswith(".weight") and leaf in (v.removesuffix(".weight") + ".weight_scale_inv",
+                                              v.removesuffix(".weight") + ".weight_scale"):
             return k, "scale", ()
     return None
 
@@ -403,11 +407,11 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
                 want_fp8 = is_fp8  # vLLM takes either (an FP8 wk is dequantized at load)
             if want_fp8 and not is_fp8:
                 raise CheckpointError(path, wname, f"dtype {_st_dtype(wdt)}, but vLLM quantizes this module "
-                                      f"to FP8 (mtp_quant_algo={plan.algo}, not in modules_to_not_convert)")
+                                      f"to FP8 ({plan.where()})")
             if is_fp8 and not want_fp8:
                 why = ("the MTP layers are unquantized (mtp_quant_algo="
                        f"{hf.get('mtp_quant_algo')!r})" if plan is None
-                       else "it is in modules_to_not_convert" if leaf in _quantizable()
+                       else _excluded_why(plan, cfg, i, leaf) if leaf in _quantizable()
                        else "vLLM never quantizes this module")
                 raise CheckpointError(path, wname, f"stored as float8_e4m3fn, but {why}")
             if not is_fp8:
@@ -417,12 +421,18 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
                 weights[cname] = _read_plain(rd, wname, shp, allowed, cname)
                 source[cname] = [wname]
                 continue
+            suffix = "weight_scale_inv" if plan is None or leaf == "indexer.wk" else plan.scale_suffix
             if sname is None:
-                raise missing(cname, wname.removesuffix(".weight") + ".weight_scale_inv",
+                raise missing(cname, wname.removesuffix(".weight") + "." + suffix,
                               f": {wname} is FP8 and needs its block scale")
+            if not sname.endswith("." + suffix):
+                raise CheckpointError(rd.path(sname), sname, f"scale named .{sname.rsplit('.', 1)[1]}, but "
+                                      f"quantization_config.quant_method {plan.method if plan else None} loads "
+                                      f".{suffix} (vLLM would skip it and keep the scale sentinel)")
             block = plan.block if plan is not None else None
             w, sdt = _read_fp8(rd, wname, sname, shp, block, plan.ue8m0 if plan else False,
-                               strict_vllm, leaf == "indexer.wk", cname)
+                               strict_vllm, leaf == "indexer.wk", cname,
+                               plan.scale_shape(*shp) if plan is not None else None)
             weights[cname], source[cname] = w, [wname, sname]
             fp8_src[cname] = Fp8Source(block=block or _wk_block(w.shape, rd, sname), scale_dtype=sdt)
 
@@ -435,6 +445,15 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
 
     return LoadedCheckpoint(path=root, hf_config=hf, cfg=cfg, weights=weights, source=source,
                             fp8=fp8_src, files_read=sorted(rd.handles), ignored=sorted(ignored))
+
+
+def _excluded_why(plan: Fp8Plan, cfg: MTPConfig, i: int, leaf: str) -> str:
+    """Why ``plan`` keeps MTP layer ``i``'s ``leaf`` unquantized: the config key and its matching entry."""
+    from .quant import _QUANT_MODULES
+
+    prefix = f"model.layers.{cfg.num_hidden_layers + i}.{_QUANT_MODULES[leaf][0]}"
+    return (f"quantization_config.{plan.exclusion_key} excludes it ({plan.excluded_by(prefix)!r} matches "
+            f"{prefix})")
 
 
 def _quantizable() -> set[str]:
@@ -508,7 +527,7 @@ def _read_e4m3(rd: _Reader, wname: str, shape) -> torch.Tensor:
     return q
 
 
-def _read_fp8(rd, wname, sname, shape, block, ue8m0, strict_vllm, is_wk, cname):
+def _read_fp8(rd, wname, sname, shape, block, ue8m0, strict_vllm, is_wk, cname, scale_shape=None):
     q = _read_e4m3(rd, wname, shape)
     n, k = shape
     if is_wk:  # vLLM derives the group from the shapes (per-channel, MX or 2-D block)
@@ -524,7 +543,9 @@ def _read_fp8(rd, wname, sname, shape, block, ue8m0, strict_vllm, is_wk, cname):
         s = s.reshape(sshape)
     else:
         bl = block
-        s, sdt = _read_scale(rd, sname, (-(-n // bl[0]), -(-k // bl[1])), ue8m0, strict_vllm)
+        grid = (-(-n // bl[0]), -(-k // bl[1]))
+        s, sdt = _read_scale(rd, sname, scale_shape or grid, ue8m0, strict_vllm)
+        s = s.reshape(grid)  # ModelOpt's [ob, 1, ib, 1] -> [ob, ib]
     return dequantize_block(q, s, bl), sdt
 
 
@@ -545,10 +566,12 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
         is_fp8 = _st_dtype(dt) == "float8_e4m3fn"
         if quant and not is_fp8:
             raise CheckpointError(path, name, f"dtype {_st_dtype(dt)}, but vLLM quantizes the routed experts "
-                                  f"to FP8 (mtp_quant_algo={plan.algo})")
+                                  f"to FP8 ({plan.where()})")
         if is_fp8 and not quant:
+            why = ("mtp_quant_algo / modules_to_not_convert" if plan is None
+                   else _excluded_why(plan, cfg, i, "mlp.experts.gate_proj"))
             raise CheckpointError(path, name, "stored as float8_e4m3fn, but the MTP routed experts are "
-                                  "unquantized here (mtp_quant_algo / modules_to_not_convert)")
+                                  f"unquantized here ({why})")
 
     def scale_of(weight_key_canon, key, wname):
         s = found.get((i, weight_key_canon, "scale", key))

@@ -11,7 +11,16 @@ import argparse
 
 NAMINGS = ("mtp_layers", "layers")
 EXPERT_LAYOUTS = ("split", "fused")
-QUANTS = ("bf16", "fp8", "fp8-ue8m0")
+QUANTS = ("bf16", "fp8", "fp8-ue8m0", "modelopt-fp8-pb")
+# quant -> the quantization_config it writes (README "Quantization configs")
+QUANT_FORMATS = {
+    "bf16": "mtp_quant_algo BF16, no quantization_config",
+    "fp8": "mtp_quant_algo FP8 + Fp8Config (quant_method fp8, 128x128 blocks, modules_to_not_convert)",
+    "fp8-ue8m0": "as fp8 with scale_fmt ue8m0 (power-of-two scales)",
+    "modelopt-fp8-pb": ("no mtp_quant_algo (the MTP layers inherit the backbone's config) + ModelOpt "
+                        "(quant_method modelopt, quant_algo FP8_PB_WO: 128x128 block weights, 4-D "
+                        "weight_scale) with exclude_modules (exact names and wildcards)"),
+}
 SCALE_DTYPES = ("auto", "uint8", "float32", "e8m0")
 EXPERT_SCALE_SUFFIXES = ("weight_scale_inv", "scale")
 PRESET_NAMES = ("tiny", "small", "real-dims")
@@ -39,6 +48,9 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
                         help="FP8 expert scale names: .weight_scale_inv (fused: _scale_inv) or .scale")
     parser.add_argument("--scale-dtype", choices=SCALE_DTYPES, default="auto",
                         help="UE8M0 scale storage (see write_synthetic)")
+    parser.add_argument("--bf16-mtp-layer", type=int, action="append", default=[], metavar="I",
+                        help="modelopt-fp8-pb: keep MTP layer I wholly in bf16 (exclude_modules "
+                             "'<layer prefix>.*'; repeatable)")
     parser.add_argument("--bf16-indexer-wk", action="store_true",
                         help="keep the indexer wk in bf16 in FP8 checkpoints (default: FP8 + weight_scale_inv)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")

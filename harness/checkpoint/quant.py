@@ -31,11 +31,32 @@ The rules are read off vLLM 0.33.0 (``models/hy_v4/nvidia``), restated here:
   ``.weight_scale_inv`` and, under ue8m0, uint8 bytes are reinterpreted as
   e8m0; the indexer ``wk`` scale is reinterpreted when uint8/e8m0. The expert
   scale parameters are float32.
+
+ModelOpt (``quantization_config.quant_method: modelopt``, vLLM's ``ModelOptFp8Config``):
+
+* Only reached with ``mtp_quant_algo`` missing or ``"NONE"`` (the MTP layers
+  inherit the backbone's config); ``mtp_quant_algo: FP8`` builds an
+  ``Fp8Config`` from the same dict instead, which never reads ``exclude_modules``.
+* The exclusion list is ``ignore`` or else ``exclude_modules`` (a list).
+  ``HYV4MTP._remap_mtp_quant_exclusions`` widens it with the draft-named copies
+  of every ``model.mtp_layers.<i>.`` entry, keeping a trailing ``*``
+  (``model.mtp_layers.0*`` does not start with ``model.mtp_layers.0.`` and is
+  not remapped). A module is excluded when ``is_layer_skipped`` (exact, with the
+  fused and "experts" rules above) matches, when a listed entry is a substring
+  of its prefix, or when an entry matches it as an ``fnmatch`` wildcard.
+* ``quant_algo FP8_PB_WO``: every non-excluded ``LinearBase`` holds e4m3
+  ``weight`` + float32 ``weight_scale`` shaped ``[ceil(out/128), 1, in/128, 1]``
+  (a dequantization multiplier, like ``weight_scale_inv``), activations are
+  quantized dynamically per 128-group (no ``input_scale``); ``in`` must be a
+  multiple of 128. The shared LM head (prefix ``lm_head``) is a quantizable
+  ``ParallelLMHead`` here. The routed experts always get the per-tensor static
+  ``ModelOptFp8MoEMethod`` (weight and input scale per expert).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from fnmatch import fnmatch
 
 import torch
 
@@ -49,7 +70,11 @@ from .options import QUANTS
 
 def quant_of_config(hf: dict) -> str:
     """Which of ``QUANTS`` an HF config's MTP layers are stored in (the inverse of ``quantization_config``)."""
-    if str(hf.get("mtp_quant_algo") or "").upper() != "FP8":
+    qc = hf.get("quantization_config") or {}
+    algo = str(hf.get("mtp_quant_algo") or "").upper()
+    if isinstance(qc, dict) and str(qc.get("quant_method") or "").lower() == "modelopt" and algo in ("", "NONE"):
+        return "modelopt-fp8-pb"
+    if algo != "FP8":
         return "bf16"
     return "fp8-ue8m0" if (hf.get("quantization_config") or {}).get("scale_fmt") == "ue8m0" else "fp8"
 
@@ -81,40 +106,131 @@ _QUANT_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
 KEPT_BF16 = ("self_attn.linear_gate", "eh_proj", "mlp.gate", "self_attn.indexer.weights_proj")
 
 
+# HYV4MTP.packed_modules_mapping: fused vLLM module -> its checkpoint shards
+PACKED = {"gate_up_proj": ("gate_proj", "up_proj"),
+          "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa"),
+          "wk_weights_proj": ("wk", "weights_proj")}
+MODELOPT_ALGO = "FP8_PB_WO"
+# ModelOpt FP8 algos vLLM's ModelOptFp8Config takes that the harness does not build, with the reason
+MODELOPT_UNMODELLED = {
+    "FP8": "per-tensor static W8A8: every linear's activations are quantized with a calibrated "
+           "input_scale the synthetic checkpoints have no calibration for",
+    "FP8_PER_CHANNEL_PER_TOKEN": "per-channel weight scales with per-token activations: not modelled "
+                                 "by the reference's FP8 emulation (block scales only)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Fp8Plan:
-    """What vLLM's MTP FP8 path expects: per MTP layer, the canonical leaves held in FP8."""
+    """What vLLM's MTP FP8 path expects: per MTP layer, the canonical leaves held in FP8.
+
+    ``method``: quantization_config.quant_method ("fp8": Fp8Config, "modelopt": ModelOptFp8Config);
+    ``exclusion_key``: the config key the exclusion list came from; ``patterns``: that list as
+    vLLM holds it after the MTP remap; ``scale_suffix``: the linear scale leaf vLLM loads.
+    """
 
     block: tuple[int, int]
     ue8m0: bool
     quantized: dict[int, frozenset[str]]
     algo: str  # the mtp_quant_algo that led here, for messages
+    method: str = "fp8"
+    exclusion_key: str = "modules_to_not_convert"
+    patterns: tuple[str, ...] = ()
+    scale_suffix: str = "weight_scale_inv"
 
     def is_quantized(self, layer: int, leaf: str) -> bool:
         return leaf in self.quantized.get(layer, frozenset())
 
+    def where(self) -> str:
+        """The config that decided, for messages."""
+        if self.method == "modelopt":
+            return f"quantization_config.quant_method modelopt, not matched by quantization_config.{self.exclusion_key}"
+        return f"mtp_quant_algo={self.algo}, not in quantization_config.{self.exclusion_key}"
 
-def _skipped(prefix: str, shards: tuple[str, ...], patterns: list[str]) -> bool:
-    """vLLM's exact-mode ``is_layer_skipped`` semantics (restated, see module doc)."""
+    def excluded_by(self, prefix: str) -> str | None:
+        """The exclusion entry that keeps the vLLM module at quant prefix ``prefix`` unquantized, or None.
+
+        ``prefix`` is the name vLLM builds the module under (``model.layers.<N+i>.self_attn.o_proj``,
+        ``lm_head``); a fused module is matched through its shards (``PACKED``).
+        """
+        proj = prefix.rsplit(".", 1)[-1]
+        base = prefix.rsplit(".", 1)[0]
+        shards = tuple(f"{base}.{s}" for s in PACKED.get(proj, ()))
+        match = match_modelopt if self.method == "modelopt" else match_fp8config
+        return match(prefix, shards, list(self.patterns))
+
+    def scale_shape(self, n: int, k: int) -> tuple[int, ...]:
+        """The stored linear block-scale shape of an [n, k] weight."""
+        ob, ib = -(-n // self.block[0]), -(-k // self.block[1])
+        return (ob, 1, ib, 1) if self.method == "modelopt" else (ob, ib)
+
+
+def remap_mtp_exclusions(patterns: list[str], num_hidden_layers: int, num_mtp_layers: int) -> list[str]:
+    """``patterns`` widened with their draft-named copies (HYV4MTP's ``_remap_mtp_quant_exclusions``)."""
+    extra = []
+    for i in range(num_mtp_layers):
+        src, dst = f"model.mtp_layers.{i}.", f"model.layers.{num_hidden_layers + i}."
+        for p in patterns:
+            if p.startswith(src):
+                extra.append(dst + p[len(src):])
+            elif p.rstrip("*").startswith(src):
+                stripped = p.rstrip("*")
+                extra.append(dst + stripped[len(src):] + p[len(stripped):])
+    return list(patterns) + extra
+
+
+def _exact(prefix: str, shards: tuple[str, ...], patterns: list[str]) -> str | None:
+    """vLLM's exact-mode ``is_layer_skipped`` (see module doc): the matching entry or None."""
     if shards:
         if prefix in patterns:
-            return True
-        base = prefix.rsplit(".", 1)[0]
-        flags = {f"{base}.{s.rsplit('.', 1)[1]}" in patterns for s in shards}
-        if len(flags) > 1:
-            raise ValueError(f"some but not all shards of {prefix} are in modules_to_not_convert "
-                             f"(vLLM refuses fused layers of mixed precision)")
-        return flags.pop()
+            return prefix
+        hits = [s for s in shards if s in patterns]
+        if hits and len(hits) != len(shards):
+            raise ValueError(f"some but not all shards of {prefix} are excluded ({', '.join(hits)}): "
+                             f"vLLM refuses fused layers of mixed precision")
+        return hits[0] if hits else None
     if "experts" in prefix:
-        return any(prefix in p for p in patterns if "experts" in p)
-    return prefix in patterns
+        return next((p for p in patterns if "experts" in p and prefix in p), None)
+    return prefix if prefix in patterns else None
+
+
+def match_fp8config(prefix: str, shards: tuple[str, ...], patterns: list[str]) -> str | None:
+    """Fp8Config's exclusion (``ignored_layers`` / ``modules_to_not_convert``): exact prefixes."""
+    return _exact(prefix, shards, patterns)
+
+
+def match_modelopt(prefix: str, shards: tuple[str, ...], patterns: list[str]) -> str | None:
+    """ModelOptFp8Config's ``is_layer_excluded``: exact, then substring, then ``fnmatch`` wildcard."""
+    hit = _exact(prefix, shards, patterns)
+    if hit is not None:
+        return hit
+    hit = next((p for p in patterns if p != prefix and p in prefix), None)
+    if hit is not None:
+        return hit
+    return next((p for p in patterns if fnmatch(prefix, p)), None)
+
+
+def _quantized_leaves(cfg: MTPConfig, plan: Fp8Plan) -> dict[int, frozenset[str]]:
+    n = cfg.num_hidden_layers
+    quantized: dict[int, frozenset[str]] = {}
+    for i in range(cfg.num_mtp_layers):
+        prefix = f"model.layers.{n + i}."
+        leaves = set()
+        for leaf in layer_shapes(cfg):
+            try:
+                if leaf in _QUANT_MODULES and plan.excluded_by(prefix + _QUANT_MODULES[leaf][0]) is None:
+                    leaves.add(leaf)
+            except ValueError as exc:  # mixed shards of a fused module
+                raise ValueError(f"quantization_config.{plan.exclusion_key}: {exc}") from exc
+        quantized[i] = frozenset(leaves)
+    return quantized
 
 
 def mtp_fp8_plan(hf: dict, cfg: MTPConfig) -> Fp8Plan | None:
     """The FP8 expectations for ``hf``'s MTP layers, or None when they are unquantized.
 
-    Raises ValueError (with the reason) for quantization vLLM would not build
-    or the harness does not model.
+    Raises ValueError (with the reason, naming the config key) for quantization vLLM would not
+    build or the harness does not model.
     """
     algo = hf.get("mtp_quant_algo")
     qc = hf.get("quantization_config") or None
@@ -129,6 +245,14 @@ def mtp_fp8_plan(hf: dict, cfg: MTPConfig) -> Fp8Plan | None:
     if up != "FP8" and qc is None:
         return None
     qc = qc or {}
+    if not isinstance(qc, dict):
+        raise ValueError(f"quantization_config must be an object, got {qc!r}")
+    if str(qc.get("quant_method") or "").lower() == "modelopt":
+        if up == "FP8":
+            raise ValueError("mtp_quant_algo FP8 with quantization_config.quant_method modelopt: vLLM then "
+                             "builds the MTP layers an Fp8Config from quantization_config, which never reads "
+                             "exclude_modules; drop mtp_quant_algo (or set NONE) to inherit the ModelOpt config")
+        return _modelopt_plan(qc, cfg, str(algo))
     if up != "FP8" and qc.get("quant_method") != "fp8":
         raise ValueError(f"the MTP layers inherit quantization_config quant_method "
                          f"{qc.get('quant_method')!r}, which the harness does not model")
@@ -139,25 +263,60 @@ def mtp_fp8_plan(hf: dict, cfg: MTPConfig) -> Fp8Plan | None:
     if (not isinstance(block, (list, tuple)) or len(block) != 2
             or not all(isinstance(b, int) and b > 0 for b in block)):
         raise ValueError(f"weight_block_size must be two positive ints, got {block!r}")
-    patterns = list(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or [])
+    key = "ignored_layers" if qc.get("ignored_layers") else "modules_to_not_convert"
+    patterns = remap_mtp_exclusions(list(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []),
+                                    cfg.num_hidden_layers, cfg.num_mtp_layers)
+    plan = Fp8Plan(block=(block[0], block[1]), ue8m0=qc.get("scale_fmt") == "ue8m0", quantized={},
+                   algo=str(algo), method="fp8", exclusion_key=key, patterns=tuple(patterns))
+    return dataclasses.replace(plan, quantized=_quantized_leaves(cfg, plan))
+
+
+def _modelopt_plan(qc: dict, cfg: MTPConfig, algo: str) -> Fp8Plan:
+    """ModelOptFp8Config's expectations (flat config.json form, see module doc)."""
+    if "quantization" in qc:
+        raise ValueError("quantization_config.quantization: the nested (hf_quant_config.json) ModelOpt "
+                         "form is not modelled; write quant_algo / exclude_modules at the top level")
+    qa = qc.get("quant_algo")
+    if not qa:
+        raise ValueError("quantization_config.quant_algo: missing (vLLM's ModelOpt config refuses it)")
+    qa = str(qa).upper()
+    if qa in MODELOPT_UNMODELLED:
+        raise ValueError(f"quantization_config.quant_algo {qa}: vLLM accepts it, the harness does not "
+                         f"build it ({MODELOPT_UNMODELLED[qa]}); use {MODELOPT_ALGO}")
+    if qa != MODELOPT_ALGO:
+        raise ValueError(f"quantization_config.quant_algo {qa}: not a ModelOpt FP8 algo the harness "
+                         f"models (it builds {MODELOPT_ALGO})")
+    kv = qc.get("kv_cache_scheme")
+    if qc.get("kv_cache_quant_algo") is not None or (isinstance(kv, dict) and kv.get("num_bits") == 8):
+        raise ValueError("quantization_config.kv_cache_quant_algo / kv_cache_scheme: an FP8 KV cache is "
+                         "not modelled (the harness runs a bf16 cache); set it to null")
+    key = "ignore" if "ignore" in qc else "exclude_modules"
+    raw = qc.get(key, [])
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+        raise ValueError(f"quantization_config.{key} must be a list of strings, got {raw!r}")
     n = cfg.num_hidden_layers
-    # vLLM widens the list with the draft-prefixed copies of model.mtp_layers.<i>. entries
-    for i in range(cfg.num_mtp_layers):
-        src = f"model.mtp_layers.{i}."
-        patterns += [f"model.layers.{n + i}." + p[len(src):] for p in patterns if p.startswith(src)]
-    quantized: dict[int, frozenset[str]] = {}
-    for i in range(cfg.num_mtp_layers):
-        prefix = f"model.layers.{n + i}."
-        leaves = set()
-        for leaf in layer_shapes(cfg):
-            if leaf not in _QUANT_MODULES:
-                continue
-            module, shards = _QUANT_MODULES[leaf]
-            if not _skipped(prefix + module, tuple(prefix + s for s in shards), patterns):
-                leaves.add(leaf)
-        quantized[i] = frozenset(leaves)
-    return Fp8Plan(block=(block[0], block[1]), ue8m0=qc.get("scale_fmt") == "ue8m0",
-                   quantized=quantized, algo=str(algo))
+    patterns = remap_mtp_exclusions(raw, n, cfg.num_mtp_layers)
+    plan = Fp8Plan(block=DEFAULT_BLOCK, ue8m0=False, quantized={}, algo=algo, method="modelopt",
+                   exclusion_key=key, patterns=tuple(patterns), scale_suffix="weight_scale")
+    if plan.excluded_by("lm_head") is None:
+        raise ValueError(f"quantization_config.{key} does not exclude lm_head: vLLM's ModelOpt config then "
+                         f"builds the MTP shared head (prefix lm_head) in FP8, which the harness does not "
+                         f"build (list \"lm_head\")")
+    if cfg.mlp_moe:
+        for i in range(cfg.num_mtp_layers):
+            if plan.excluded_by(f"model.layers.{n + i}.mlp.experts") is None:
+                raise ValueError(f"quantization_config.{key} does not exclude MTP layer {i}'s routed experts: "
+                                 f"ModelOpt FP8 builds them per-tensor static W8A8 (weight and input scale per "
+                                 f"expert, whatever quant_algo says), which the harness does not model "
+                                 f"(list \"model.mtp_layers.{i}.mlp.experts*\")")
+    plan = dataclasses.replace(plan, quantized=_quantized_leaves(cfg, plan))
+    shp = layer_shapes(cfg)
+    for i, leaves in plan.quantized.items():
+        bad = sorted(leaf for leaf in leaves if len(shp[leaf]) == 2 and shp[leaf][1] % DEFAULT_BLOCK[1])
+        if bad:
+            raise ValueError(f"{MODELOPT_ALGO} needs every quantized linear's input dim to be a multiple of "
+                             f"{DEFAULT_BLOCK[1]}: MTP layer {i}: " + ", ".join(f"{b} {list(shp[b])}" for b in bad))
+    return plan
 
 
 def modules_to_not_convert(cfg: MTPConfig, naming: str, indexer_wk_bf16: bool) -> list[str]:
@@ -181,12 +340,54 @@ def modules_to_not_convert(cfg: MTPConfig, naming: str, indexer_wk_bf16: bool) -
     return out
 
 
-def quantization_config(cfg: MTPConfig, naming: str, quant: str, indexer_wk_fp8: bool) -> dict | None:
-    """``config.json``'s quantization_config for a synthetic checkpoint (None for bf16)."""
+def exclude_modules(cfg: MTPConfig, naming: str, bf16_layers=()) -> list[str]:
+    """A synthetic ModelOpt checkpoint's ``exclude_modules``, checkpoint-named.
+
+    ``lm_head``; per MTP layer the attention gate by its exact name, the routed experts as a
+    sub-tree wildcard (ModelOpt's own ``module_path*`` form), the modules vLLM never quantizes
+    (documentation, as in ``modules_to_not_convert``), and for each layer in ``bf16_layers`` the
+    whole layer as ``<layer prefix>.*``.
+    """
+    from .names import layer_prefix
+
+    bad = [i for i in bf16_layers if not 0 <= i < cfg.num_mtp_layers]
+    if bad:
+        raise ValueError(f"bf16 MTP layer(s) {bad} out of range: the config has {cfg.num_mtp_layers} MTP layer(s)")
+    out = ["lm_head"]
+    layer = layer_shapes(cfg)
+    for i in range(cfg.num_mtp_layers):
+        p = layer_prefix(cfg, i, naming)
+        if i in bf16_layers:
+            out.append(p + "*")
+            continue
+        if "attn.linear_gate" in layer:
+            out.append(p + "self_attn.linear_gate")
+        if "mlp.experts.gate_proj" in layer:
+            out.append(p + "mlp.experts*")
+        out += [p + m for m in KEPT_BF16[1:] if m != "mlp.gate" or "mlp.gate" in layer
+                if not m.startswith("self_attn.indexer.") or "indexer.wk" in layer]
+        if "indexer.wk" in layer:
+            out.append(p + "self_attn.indexer.wk")
+    return out
+
+
+def quantization_config(cfg: MTPConfig, naming: str, quant: str, indexer_wk_fp8: bool,
+                        bf16_layers=()) -> dict | None:
+    """``config.json``'s quantization_config for a synthetic checkpoint (None for bf16).
+
+    ``bf16_layers`` (modelopt-fp8-pb only): MTP layers excluded whole by a wildcard.
+    """
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+    if bf16_layers and quant != "modelopt-fp8-pb":
+        raise ValueError("whole bf16 MTP layers need --quant modelopt-fp8-pb (exclude_modules wildcards)")
     if quant == "bf16":
         return None
+    if quant == "modelopt-fp8-pb":
+        # the flat config.json form ModelOptFp8Config.from_config reads; no input scales (dynamic
+        # per-128-group activations), the KV cache unquantized
+        return {"quant_method": "modelopt", "quant_algo": MODELOPT_ALGO, "kv_cache_quant_algo": None,
+                "exclude_modules": exclude_modules(cfg, naming, tuple(bf16_layers))}
     qc = {"quant_method": "fp8", "activation_scheme": "dynamic",
           "weight_block_size": list(DEFAULT_BLOCK),
           "modules_to_not_convert": modules_to_not_convert(cfg, naming, not indexer_wk_fp8)}

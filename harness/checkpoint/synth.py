@@ -2,10 +2,12 @@
 
 One seed gives the same canonical weights (``reference.weights.random_weights``)
 in every layout: naming ``mtp_layers`` / ``layers``, experts ``split`` /
-``fused``, and quant ``bf16`` / ``fp8`` / ``fp8-ue8m0``. The FP8 variants hold
-in block FP8 exactly the modules vLLM 0.33's MTP FP8 path quantizes (see
-``harness.checkpoint.quant``); the rest stay bf16, with the fp32 exceptions
-vLLM keeps (router weight, expert bias, sink, indexer k_norm).
+``fused``, and quant ``bf16`` / ``fp8`` / ``fp8-ue8m0`` / ``modelopt-fp8-pb``. The FP8
+variants hold in block FP8 exactly the modules vLLM 0.33's MTP quantization
+config quantizes (see ``harness.checkpoint.quant``: ``Fp8Config`` +
+``modules_to_not_convert``, or ModelOpt ``FP8_PB_WO`` + ``exclude_modules`` with
+exact names and wildcards, 4-D ``weight_scale``); the rest stay bf16, with the
+fp32 exceptions vLLM keeps (router weight, expert bias, sink, indexer k_norm).
 
 The checkpoint holds the MTP layers, ``model.embed_tokens.weight`` and
 ``lm_head.weight`` only (no backbone). It is written into ``OUT_DIR.tmp-<pid>``
@@ -69,21 +71,24 @@ def _check_fp8_dims(cfg: MTPConfig) -> None:
         raise ConfigError(f"FP8 {bn}x{bn} blocks need these dims to be multiples of {bn}: {', '.join(bad)}")
 
 
-def _scale_name(name: str, leaf: str, expert_scale_suffix: str) -> str:
+def _scale_name(name: str, leaf: str, expert_scale_suffix: str, linear_suffix: str = "weight_scale_inv") -> str:
     """Checkpoint name of the block scale of weight ``name`` (``leaf`` is its per-layer leaf)."""
     if leaf in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # fused
         return name + ("_scale_inv" if expert_scale_suffix == "weight_scale_inv" else ".scale")
     base = name.removesuffix(".weight")
     if leaf.startswith("mlp.experts."):
         return f"{base}.{expert_scale_suffix}"
-    return f"{base}.weight_scale_inv"
+    return f"{base}.{linear_suffix}"
 
 
 def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: str = "mtp_layers",
                        experts: str = "split", quant: str = "bf16",
                        expert_scale_suffix: str = "weight_scale_inv", scale_dtype: str = "auto",
-                       indexer_wk_fp8: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json dict, stored tensors) for canonical float64 ``weights``; nothing is written."""
+                       indexer_wk_fp8: bool = True, bf16_layers=()) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, stored tensors) for canonical float64 ``weights``; nothing is written.
+
+    modelopt-fp8-pb keeps the indexer wk in bf16 (``indexer_wk_fp8`` is ignored) and writes no
+    ``mtp_quant_algo`` (the MTP layers inherit the ModelOpt config)."""
     if naming not in NAMINGS:
         raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
     if experts not in EXPERT_LAYOUTS:
@@ -100,8 +105,13 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
     fp8 = quant != "bf16"
     if fp8:
         _check_fp8_dims(cfg)
-    hf["mtp_quant_algo"] = "FP8" if fp8 else "BF16"
-    qc = quantization_config(cfg, naming, quant, indexer_wk_fp8)
+    modelopt = quant == "modelopt-fp8-pb"
+    if modelopt:
+        indexer_wk_fp8 = False
+        hf.pop("mtp_quant_algo", None)
+    else:
+        hf["mtp_quant_algo"] = "FP8" if fp8 else "BF16"
+    qc = quantization_config(cfg, naming, quant, indexer_wk_fp8, bf16_layers)
     hf.pop("quantization_config", None)
     if qc is not None:
         hf["quantization_config"] = qc
@@ -136,7 +146,9 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
             out[name] = value.to(dtype)
             continue
         w, s = quantize_weight(value, DEFAULT_BLOCK, ue8m0)
-        sname = _scale_name(name, leaf, expert_scale_suffix)
+        sname = _scale_name(name, leaf, expert_scale_suffix, plan.scale_suffix if plan else "weight_scale_inv")
+        if modelopt:  # ModelOpt's block scale layout [out_blocks, 1, in_blocks, 1]
+            s = s.reshape(s.shape[0], 1, s.shape[1], 1)
         out[name] = w
         out[sname] = store_scale(sname, s)
     for layer in range(cfg.num_mtp_layers):
@@ -250,7 +262,7 @@ def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[s
                     naming: str = "mtp_layers", experts: str = "split", quant: str = "bf16",
                     shards: int = 1, expert_scale_suffix: str = "weight_scale_inv",
                     scale_dtype: str = "auto", indexer_wk_fp8: bool = True, index: bool = True,
-                    force: bool = False) -> Path:
+                    force: bool = False, bf16_layers=()) -> Path:
     """Write canonical float64 ``weights`` as a HY V4 MTP checkpoint; returns its directory.
 
     ``hf_config`` is the model's config.json dict (``num_nextn_predict_layers``
@@ -264,7 +276,8 @@ def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[s
     """
     hf, tensors = checkpoint_tensors(hf_config, weights, naming=naming, experts=experts, quant=quant,
                                      expert_scale_suffix=expert_scale_suffix,
-                                     scale_dtype=scale_dtype, indexer_wk_fp8=indexer_wk_fp8)
+                                     scale_dtype=scale_dtype, indexer_wk_fp8=indexer_wk_fp8,
+                                     bf16_layers=bf16_layers)
     return write_tensors(out_dir, hf, tensors, shards=shards, index=index, force=force)
 
 
@@ -284,7 +297,8 @@ def synth_command(args) -> int:
                               quant=args.quant, shards=args.shards,
                               expert_scale_suffix=args.expert_scale_suffix,
                               scale_dtype=args.scale_dtype, indexer_wk_fp8=not args.bf16_indexer_wk,
-                              index=not args.no_index, force=args.force)
+                              index=not args.no_index, force=args.force,
+                              bf16_layers=tuple(args.bf16_mtp_layer or ()))
     except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

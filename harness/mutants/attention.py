@@ -5,13 +5,14 @@ record, ``harness.components``, which the catalogue is derived from)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
 import torch
 
-from .base import (HEADWISE, K1, K3SHARE, LONGSHARE, Ctx, MutantNotApplicable, Planted, _impl, _neox_copy,
-                   _param, need)
+from .base import (HEADWISE, K1, K3SHARE, LONGSHARE, MODELOPT_DENSE, Ctx, MutantNotApplicable, Planted, _impl,
+                   _neox_copy, _param, need)
 from .cpu import cpu_rope_neox
 
 
@@ -127,6 +128,31 @@ def m_headwise_gate_tiled(ctx: Ctx) -> None:
     _gate_hooks(ctx, remap)
 
 
+
+@contextlib.contextmanager
+def exclusions_not_remapped():
+    """While active, ``_remap_mtp_quant_exclusions`` looks only at ``ignored_layers`` (its list of
+    exclusion attributes narrowed; the function itself is vLLM's)."""
+    import importlib
+
+    try:
+        mtp = importlib.import_module("vllm.models.hy_v4.nvidia.mtp")
+    except ImportError as exc:
+        raise MutantNotApplicable(f"vllm.models.hy_v4.nvidia.mtp: {exc}") from exc
+    attrs = getattr(mtp, "_MTP_QUANT_EXCLUSION_ATTRS", None)
+    if not attrs or "exclude_modules" not in attrs:
+        raise MutantNotApplicable("vllm.models.hy_v4.nvidia.mtp has no _MTP_QUANT_EXCLUSION_ATTRS with exclude_modules")
+    mtp._MTP_QUANT_EXCLUSION_ATTRS = tuple(a for a in attrs if a == "ignored_layers")
+    try:
+        yield
+    finally:
+        mtp._MTP_QUANT_EXCLUSION_ATTRS = attrs
+
+
+def m_nothing_after_load(ctx: Ctx) -> None:
+    """A build-time mutant (``build_patch``) leaves the loaded model as it is."""
+
+
 PLANTED: tuple[Planted, ...] = (
     # attn.q_c
     Planted("q-a-norm-ones", "q_a_layernorm weight left at its init (ones)", K1, m_q_a_norm_ones, "loading"),
@@ -155,6 +181,11 @@ PLANTED: tuple[Planted, ...] = (
             m_softmax_scale, "attention"),
     Planted("sink-narrowed-twice", "TP sink narrowed twice: the first half of the heads' sinks duplicated",
             K1, m_sink_narrowed_twice, "tp"),
+    # attn.gate
+    Planted("exclusions-not-remapped", "HYV4MTP reads only ignored_layers when it remaps checkpoint-named "
+            "MTP quant exclusions (an earlier upstream state): a ModelOpt exclude_modules entry "
+            "(model.mtp_layers.0.self_attn.linear_gate) never reaches the draft, which quantizes the "
+            "bf16 gate", MODELOPT_DENSE, m_nothing_after_load, "loading", build_patch=exclusions_not_remapped),
     # attn.out
     Planted("gate-no-sigmoid", "output gate multiplies by the raw linear_gate output (sigmoid skipped)", K1,
             m_gate_no_sigmoid, "attention"),

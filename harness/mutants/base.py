@@ -134,8 +134,9 @@ def _neox_copy(ctx: Ctx, rope):
 
 
 # GPU cases (``harness.production.cases.GPU_CASES``) the mutants run on
-K1, K3SHARE, LONG, LONGSHARE, HEADWISE, CLAMP = (
-    "tiny-k1", "tiny-k3-share", "tiny-k2-long", "tiny-k3-long-share", "tiny-k2-headwise", "tiny-k2-clamp-headwise")
+K1, K3SHARE, LONG, LONGSHARE, HEADWISE, CLAMP, MODELOPT_DENSE = (
+    "tiny-k1", "tiny-k3-share", "tiny-k2-long", "tiny-k3-long-share", "tiny-k2-headwise", "tiny-k2-clamp-headwise",
+    "tiny-k2-modelopt-pb-dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,9 @@ class Planted:
     group: str
     cpu_apply: Callable | None = None     # context manager factory patching a pure vLLM function
     cpu_check: str | None = None          # "rope" or "routing"
+    # context manager factory active while the model is built and loaded (a bug in how vLLM
+    # builds the draft: ``apply`` then has nothing left to do after loading)
+    build_patch: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +165,7 @@ class Mutant:
     group: str
     cpu_apply: Callable | None = None     # context manager factory patching a pure vLLM function
     cpu_check: str | None = None          # "rope" or "routing"
+    build_patch: Callable | None = None   # active while the model is built and loaded
 
     def row(self) -> dict:
         return {"name": self.name, "group": self.group, "stands_for": self.stands_for,

@@ -18,7 +18,7 @@ if sorted(_PLANTED) != sorted(_LISTED):
                       f"only listed {sorted(set(_LISTED) - set(_PLANTED))}")
 
 CATALOGUE: tuple[Mutant, ...] = tuple(
-    Mutant(p.name, p.stands_for, c.name, p.case, p.apply, p.group, p.cpu_apply, p.cpu_check)
+    Mutant(p.name, p.stands_for, c.name, p.case, p.apply, p.group, p.cpu_apply, p.cpu_check, p.build_patch)
     for c in REGISTRY for p in (_PLANTED[name] for name in c.mutants))
 
 # below the reference tolerance: judged against a production golden / host baseline only

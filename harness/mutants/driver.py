@@ -35,7 +35,12 @@ def case_by_id(case_id: str):
 
 
 def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
-    """Build, load, apply ``mutant`` (None: control), run, judge (as side_by_side.run_case)."""
+    """Build, load, apply ``mutant`` (None: control), run, judge (as side_by_side.run_case).
+
+    A mutant's ``build_patch`` is active while the model is built and loaded; the post-load
+    audit's ``LoadAuditError`` then propagates (``bisect-check --plant``: exit 1 naming the module)."""
+    import contextlib
+
     from harness.production.module import side_by_side as sbs
 
     def around_run(sess, run):
@@ -53,7 +58,10 @@ def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
         finally:
             ctx.restore()
 
-    prod, info = sbs.run_production_side(case, around_run=around_run)
+    patch = mutant.build_patch() if mutant is not None and mutant.build_patch is not None \
+        else contextlib.nullcontext()
+    with patch:
+        prod, info = sbs.run_production_side(case, around_run=around_run)
     return sbs.judge(case, prod, info), []
 
 
@@ -98,6 +106,11 @@ def run_control(case_id: str) -> dict:
     return rec
 
 
+def _is_load_failure(exc: BaseException) -> bool:
+    from harness.production.module.audit import LoadAuditError
+    return isinstance(exc, LoadAuditError)
+
+
 def run_mutant(m: Mutant, control: dict | None = None) -> dict:
     """One mutant on its case: outcome detected / missed / not-applicable / error / inconclusive."""
     t0 = time.perf_counter()
@@ -127,6 +140,13 @@ def run_mutant(m: Mutant, control: dict | None = None) -> dict:
         else:
             rec["outcome"] = "inconclusive (raised; control failed)"
     except Exception as exc:  # noqa: BLE001 - build/load/judge trouble: not attributable
+        if m.build_patch is not None and _is_load_failure(exc):  # the planted build bug failed the load
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            rec.update(outcome="detected (load failed)", detected=True) if control_ok else \
+                rec.update(outcome="inconclusive (load failed; control failed)")
+            rec["wall_s"] = round(time.perf_counter() - t0, 2)
+            _free()
+            return rec
         rec.update(outcome="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
     rec["wall_s"] = round(time.perf_counter() - t0, 2)
     _free()

@@ -44,6 +44,11 @@ class GpuCase:
     # goldens' one generator) or "per-tensor" (threads; for real dims, where the one serial
     # stream of 1.8 G float64 draws was the GPU tier's critical path)
     weights_draw: str = "stream"
+    # modelopt-fp8-pb: MTP layers the checkpoint excludes whole (exclude_modules "<layer>.*")
+    bf16_layers: tuple = ()
+    # module names (``named_modules``) vLLM must build unquantized: the proof that the case
+    # went through the config's exclusion path (checked after loading, see side_by_side)
+    expect_unquantized: tuple = ()
 
     def hf_config(self) -> dict:
         """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
@@ -78,7 +83,7 @@ def _case_inputs(case_id: str, case_json: str):
     try:
         path = write_synthetic(os.path.join(tmp, "ckpt"), hf, weights, naming=case.naming,
                                experts=case.experts, quant=case.quant,
-                               expert_scale_suffix=case.expert_scale_suffix)
+                               expert_scale_suffix=case.expert_scale_suffix, bf16_layers=case.bf16_layers)
         loaded = load_checkpoint(path)
         return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
     finally:
@@ -101,9 +106,12 @@ def _case_from_dict(d: dict) -> GpuCase:
     """Inverse of ``dataclasses.asdict`` (JSON lists back to the tuples the case holds)."""
     d = dict(d)
     d["overrides"] = tuple((k, v) for k, v in d.get("overrides", ()))
-    d["known_audit"] = tuple(d.get("known_audit", ()))
+    for key in ("known_audit", "bf16_layers", "expect_unquantized"):
+        d[key] = tuple(d.get(key, ()))
     return GpuCase(**d)
 
+
+_MTP0_GATE = ("model.layers.2.mtp_block.self_attn.linear_gate",)
 
 # Kept small enough for one H200 call; R <= 3 so no length-1 request lands
 # behind a longer one (vLLM's builders expect decode-like requests first).
@@ -155,9 +163,29 @@ GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     GpuCase("tiny-k2-fp8-split-long", requests=2, tokens=160, steps=2, seed=18, quant="fp8"),
     GpuCase("tiny-k2-fp8-ue8m0-fused-scale-long", requests=2, tokens=160, steps=2, seed=19,
             quant="fp8-ue8m0", experts="fused", expert_scale_suffix="scale"),
+    # ModelOpt FP8_PB_WO (quant_method modelopt, no mtp_quant_algo: the MTP layers inherit it):
+    # the checkpoint-named exclude_modules reach the draft only through HYV4MTP's remap. The gate
+    # by its exact name, the routed experts by the wildcard model.mtp_layers.0.mlp.experts*
+    # (ModelOpt FP8 experts are per-tensor static W8A8, not modelled), lm_head by name.
+    GpuCase("tiny-k2-modelopt-pb-long", requests=2, tokens=160, steps=2, seed=23, quant="modelopt-fp8-pb",
+            expect_unquantized=_MTP0_GATE + ("model.layers.2.mtp_block.mlp.experts.routed_experts",
+                                             "model.layers.2.shared_head.head")),
+    # dense MLP: every linear but the gate FP8; the exclusion bug (exclusions not remapped)
+    # quantizes only linears here, so it surfaces as a load failure, not a crash
+    GpuCase("tiny-k2-modelopt-pb-dense", overrides=(("mlp_layer_types", ["dense", "dense"]),), steps=2, seed=24,
+            quant="modelopt-fp8-pb", expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
+    # the whole MTP layer excluded by the wildcard model.mtp_layers.0.* (a bf16 MTP head under an
+    # FP8 backbone's ModelOpt config); dense MLP for the same reason as above
+    GpuCase("tiny-k2-modelopt-layer-bf16-dense", overrides=(("mlp_layer_types", ["dense", "dense"]),), steps=2,
+            seed=25, quant="modelopt-fp8-pb", bf16_layers=(0,),
+            expect_unquantized=_MTP0_GATE + tuple(f"model.layers.2.mtp_block.{m}" for m in (
+                "self_attn.fused_qkv_a_proj", "self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.o_proj",
+                "self_attn.indexer.wq_b", "mlp.gate_up_proj", "mlp.down_proj"))),
 )}
 
-FP8_CASE_IDS = tuple(c.id for c in GPU_CASES.values() if c.quant != "bf16")
+MODELOPT_CASE_IDS = tuple(c.id for c in GPU_CASES.values() if c.quant == "modelopt-fp8-pb")
+
+FP8_CASE_IDS = tuple(c.id for c in GPU_CASES.values() if c.quant in ("fp8", "fp8-ue8m0"))
 
 # The one list of the side-by-side cases a bisect judges: bisect-check's default set, and the
 # production goldens' and host baselines' case set (a case of the one without the other would be

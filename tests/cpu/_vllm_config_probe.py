@@ -1,7 +1,7 @@
 """Subprocess helper of test_production_fp8_prep: vLLM's config + FP8 weight loading on a CPU box.
 
     python tests/cpu/_vllm_config_probe.py config CASE_ID ...   # the runner's VllmConfig per case
-    python tests/cpu/_vllm_config_probe.py load CASE_ID         # + HYV4MTP built on CPU, load_weights
+    python tests/cpu/_vllm_config_probe.py load CASE_ID[@MUTANT] # + HYV4MTP built on CPU, load_weights
     python tests/cpu/_vllm_config_probe.py build CONFIGS.json   # HYV4MTP built per HF config dict: what it built
     python tests/cpu/_vllm_config_probe.py walk CASE_ID ...     # the module-level draft step as far as a CPU goes
     python tests/cpu/_vllm_config_probe.py plan PLAN.json       # {"config": [ids], "load": [ids], "build": [dicts],
@@ -18,7 +18,8 @@ platform; here one is faked (compiled extensions and ops stubbed, capability
 9.0, device type cpu) in this throwaway process only. Nothing runs a kernel:
 ``load`` stops after ``HYV4MTP.load_weights`` (``process_weights_after_loading``
 needs CUDA), i.e. it checks vLLM's name mapping, scale renaming and dtype
-handling of the FP8 checkpoint, and the loaded values. Prints JSON lines
+handling of the FP8 checkpoint, the loaded values, and each module's quant method against the
+checkpoint's exclusion rules (``CASE_ID@MUTANT``: built under a planted bug's ``build_patch``). Prints JSON lines
 starting with "{"; exit 77 when the faking itself fails (the test skips).
 """
 
@@ -160,28 +161,22 @@ def _dequant(w, s, block=(128, 128)):
 
 
 def _expected(weights: dict, n: int) -> dict:
-    """vLLM parameter name (before process_weights_after_loading) -> expected float64 value."""
+    """vLLM parameter name (before process_weights_after_loading) -> expected float64 value
+    (the entries of the layer's kind: MoE or dense MLP)."""
     import torch
     p = f"model.layers.{n}."
     b = p + "mtp_block."
     L = lambda k: weights[f"layers.0.{k}"]  # noqa: E731
-    return {
+    has = lambda k: f"layers.0.{k}" in weights  # noqa: E731
+    out = {
         b + "self_attn.fused_qkv_a_proj.weight": torch.cat([L("attn.q_a_proj"), L("attn.kv_a_proj_with_mqa")]),
         b + "self_attn.q_b_proj.weight": L("attn.q_b_proj"),
         b + "self_attn.kv_b_proj.weight": L("attn.kv_b_proj"),
         b + "self_attn.o_proj.weight": L("attn.o_proj"),
         b + "self_attn.indexer.wq_b.weight": L("indexer.wq_b"),
         b + "self_attn.indexer.wk_weights_proj.weight": torch.cat([L("indexer.wk"), L("indexer.weights_proj")]),
-        b + "mlp.shared_experts.gate_up_proj.weight": torch.cat([L("mlp.shared_experts.gate_proj"),
-                                                                 L("mlp.shared_experts.up_proj")]),
-        b + "mlp.shared_experts.down_proj.weight": L("mlp.shared_experts.down_proj"),
-        b + "mlp.experts.routed_experts.w13_weight": torch.cat([L("mlp.experts.gate_proj"),
-                                                                L("mlp.experts.up_proj")], dim=1),
-        b + "mlp.experts.routed_experts.w2_weight": L("mlp.experts.down_proj"),
         b + "self_attn.linear_gate.weight": L("attn.linear_gate"),
         b + "self_attn.learnable_sink_param": L("attn.sink"),
-        b + "mlp.gate.weight": L("mlp.gate"),
-        b + "mlp.expert_bias": L("mlp.expert_bias"),
         b + "self_attn.indexer.k_norm.weight": L("indexer.k_norm.weight"),
         b + "self_attn.indexer.k_norm.bias": L("indexer.k_norm.bias"),
         p + "eh_proj.weight": L("eh_proj"),
@@ -189,9 +184,27 @@ def _expected(weights: dict, n: int) -> dict:
         p + "shared_head.head.weight": weights["lm_head"],
         "model.embed_tokens.weight": weights["embed_tokens"],
     }
+    if has("mlp.experts.gate_proj"):
+        out.update({
+            b + "mlp.shared_experts.gate_up_proj.weight": torch.cat([L("mlp.shared_experts.gate_proj"),
+                                                                     L("mlp.shared_experts.up_proj")]),
+            b + "mlp.shared_experts.down_proj.weight": L("mlp.shared_experts.down_proj"),
+            b + "mlp.experts.routed_experts.w13_weight": torch.cat([L("mlp.experts.gate_proj"),
+                                                                    L("mlp.experts.up_proj")], dim=1),
+            b + "mlp.experts.routed_experts.w2_weight": L("mlp.experts.down_proj"),
+            b + "mlp.gate.weight": L("mlp.gate"),
+            b + "mlp.expert_bias": L("mlp.expert_bias"),
+        })
+    else:
+        out.update({b + "mlp.gate_up_proj.weight": torch.cat([L("mlp.gate_proj"), L("mlp.up_proj")]),
+                    b + "mlp.down_proj.weight": L("mlp.down_proj")})
+    return out
 
 
 def _load_lines(cid: str) -> None:
+    """``cid``: a GPU case id, or ``ID@MUTANT`` to build the model under that planted bug's
+    ``build_patch`` (harness.mutants)."""
+    import contextlib
     import logging
 
     import torch
@@ -203,13 +216,20 @@ def _load_lines(cid: str) -> None:
     from harness.production.cases import case_inputs, GPU_CASES
     from harness.production.module.vllm_config import build_vllm_config
 
-    case = GPU_CASES[cid]
+    case_id, _, mutant = cid.partition("@")
+    case = GPU_CASES[case_id]
     hf, ckpt, weights = case_inputs(case)
     vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
     dev = torch.device("cpu")
     P.current_platform.device_type = "cpu"
     build.init_distributed(vc, dev)
-    model = build.build_model(vc, dev)
+    if mutant:
+        from harness.mutants import BY_NAME
+        patch = BY_NAME[mutant].build_patch()
+    else:
+        patch = contextlib.nullcontext()
+    with patch:
+        model = build.build_model(vc, dev)
     tap = build._WarningTap()
     lg = logging.getLogger("vllm.models.hy_v4.nvidia.mtp")
     lg.addHandler(tap)
@@ -227,19 +247,26 @@ def _load_lines(cid: str) -> None:
         got = prm.detach()
         dtypes[name] = str(got.dtype).removeprefix("torch.")
         if got.dtype == torch.float8_e4m3fn:
-            scale = params[name.removesuffix("weight") + "weight_scale_inv"].detach()
-            dtypes[name + "_scale_inv"] = str(scale.dtype).removeprefix("torch.")
+            sname = next(name.removesuffix("weight") + s for s in ("weight_scale_inv", "weight_scale")
+                         if name.removesuffix("weight") + s in params)
+            scale = params[sname].detach()
+            dtypes[sname] = str(scale.dtype).removeprefix("torch.")
+            if scale.dim() == 4:  # ModelOpt FP8_PB_WO: [out_blocks, 1, in_blocks, 1]
+                scale = scale.reshape(scale.shape[0], scale.shape[2])
             got = _dequant(got, scale)
         got = got.to(torch.float64)
         if got.shape != want.shape:
             mismatches.append(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
         elif not torch.equal(got, want.to(torch.float64)):
             mismatches.append(f"{name}: max |d| {float((got - want).abs().max()):.3e}")
+    from harness.production.module import audit
     from harness.production.module.side_by_side import fp8_kernel_notes
     notes = fp8_kernel_notes(model)
+    methods = audit.module_quant_methods(model)
     print(json.dumps({"mode": "load", "id": cid, "n_params": len(params), "unloaded": sorted(set(params) - loaded),
                       "warnings": tap.messages, "mismatches": mismatches, "dtypes": dtypes,
-                      "kernel_notes": notes}, default=str), flush=True)
+                      "kernel_notes": notes, "quant_methods": methods,
+                      "quant_problems": audit.quant_method_problems(hf, methods)}, default=str), flush=True)
 
 
 # What a CPU walk may stop at: a compiled kernel this process stubbed out (``_fake_cuda_runtime``)

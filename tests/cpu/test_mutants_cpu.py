@@ -285,6 +285,8 @@ def test_gpu_mutants_apply_and_undo_on_a_stand_in(gating):
     import torch
 
     for m in M.CATALOGUE:
+        if m.build_patch is not None:  # acts while vLLM builds the model (test_checkpoint_modelopt)
+            continue
         sess = _fake_session(gating)
         before = _snapshot(sess)
         ctx = M.Ctx(sess)

@@ -36,3 +36,16 @@ def test_dropped_expert_bias_exits_1_naming_it(monkeypatch, capsys):
     # vLLM 0.33 holds the checkpoint's mlp.gate.e_score_correction_bias as mlp.expert_bias
     # (the CPU probe of tests/cpu/_vllm_config_probe.py shows that name unloaded)
     assert any("vLLM load failed" in line and "mlp.expert_bias" in line for line in out), out
+
+
+def test_unremapped_exclusions_exit_1_naming_the_gate(capsys):
+    """The planted bug ``exclusions-not-remapped`` (HYV4MTP remaps only ``ignored_layers``): the
+    ModelOpt checkpoint's bf16 gate is built FP8; bisect-check exits 1, its line naming the gate."""
+    from harness.cli import main
+
+    code = main(["bisect-check", "--case", "tiny-k2-modelopt-pb-dense", "--plant", "exclusions-not-remapped"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 1, out
+    line = next(x for x in out if "vLLM load failed" in x)
+    assert line.startswith("vLLM load failed: model.layers.2.mtp_block.self_attn.linear_gate: "
+                           "quantization_config.exclude_modules excludes it"), line

@@ -3,8 +3,9 @@
 bf16 checkpoints: float64 canonical values are cast to bf16, except the fp32
 tensors below. FP8 checkpoints (``harness.checkpoint.synth`` /
 ``load_checkpoint(...).stored_tensors()``): e4m3 weights, their block scales
-(float32 ``weight_scale_inv``, UE8M0 as uint8 bytes / float8_e8m0fnu / power-of-two
-float32, expert ``.scale`` / fused ``_scale_inv`` names) pass through unchanged, so
+(float32 ``weight_scale_inv`` or ModelOpt ``weight_scale``, UE8M0 as uint8 bytes /
+float8_e8m0fnu / power-of-two float32, expert ``.scale`` / fused ``_scale_inv`` names) pass
+through unchanged, so
 vLLM's own FP8 loader paths run on them (``.scale`` -> ``weight_scale_inv``
 renaming and uint8 -> e8m0 reinterpretation, fused scale suffixes, the FP8
 indexer ``wk`` dequantization).
@@ -26,9 +27,10 @@ _FP32_SUFFIXES = (
 # Stored FP8 payloads and scale encodings: never cast (a cast would re-quantize
 # or, for uint8 UE8M0 bytes, turn exponent bytes into numbers).
 PASSTHROUGH_DTYPES = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.uint8)
-# Block-scale names (linear ``.weight_scale_inv``, fused experts ``_scale_inv``,
-# split experts ``.scale``): float32 scales stay float32 (bf16 would round them).
-SCALE_SUFFIXES = ("weight_scale_inv", "_scale_inv", ".scale")
+# Block-scale names (linear ``.weight_scale_inv``, ModelOpt linear ``.weight_scale``, fused
+# experts ``_scale_inv``, split experts ``.scale``): float32 scales stay float32 (bf16 would
+# round them).
+SCALE_SUFFIXES = ("weight_scale_inv", "_scale_inv", ".scale", ".weight_scale")
 
 
 def is_fp32_checkpoint_tensor(name: str) -> bool:

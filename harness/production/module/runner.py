@@ -90,7 +90,8 @@ class ProductionSession:
                                "make a new ProductionSession")
         ckpt = cast_for_vllm(weights_ckpt)
         loaded, pre, warnings = build.load_checkpoint(self.model, self.vllm_config, ckpt, self.device)
-        self.audit_problems = audit.audit_loaded_model(self.model, loaded, pre, warnings)
+        self.audit_problems = audit.audit_loaded_model(self.model, loaded, pre, warnings,
+                                                       hf_config=self.hf_config)
         self.loaded = True
         if strict and self.audit_problems:
             raise audit.LoadAuditError(self.audit_problems)

@@ -1,6 +1,6 @@
 """Reference vs vLLM's production ``HYV4MTP``: run one case both ways and compare.
 
-    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--out DIR] [--save-traces]
+    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--modelopt] [--out DIR] [--save-traces]
     python -m harness.production.side_by_side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
 
 ``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``); tolerances are
@@ -31,7 +31,8 @@ import torch
 
 import reference as R
 from harness.atomic import atomic_write_json
-from harness.production.cases import FP8_CASE_IDS, GPU_CASES, PROBE_CASES, GpuCase, _case_from_dict, case_inputs
+from harness.production.cases import (FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES, GpuCase, _case_from_dict,
+                                      case_inputs)
 from harness.production.verdict.judge import judge
 
 
@@ -54,6 +55,7 @@ def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around
     sess = ProductionSession(hf, num_speculative_tokens=case.steps, **(session_kw or {}))
     t_build = time.perf_counter() - t0
     sess.load(ckpt, strict=not case.known_audit)
+    unquantized = check_expected_unquantized(case, sess.model)
     t_load = time.perf_counter() - t0 - t_build
     def run() -> dict:
         out = sess.run(first, case.steps)
@@ -63,7 +65,8 @@ def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around
     t_run = time.perf_counter() - t0 - t_build - t_load
     info = {"audit": sess.audit_problems, "attach_notes": sess.attach_notes,
             "step_notes": [dataclasses.asdict(n) for n in sess.notes],
-            "timing_s": {"build": t_build, "load": t_load, "run": t_run}}
+            "timing_s": {"build": t_build, "load": t_load, "run": t_run},
+            "unquantized_modules": unquantized}
     try:  # the router GEMM tiers and attention backends this model picked
         from harness.production.kernel_paths import model_paths
         info["model_kernel_paths"] = model_paths(sess.model)
@@ -75,6 +78,29 @@ def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around
         except Exception as exc:  # noqa: BLE001 - notes must not cost the verdict
             info["fp8_kernels"] = {"error": f"{exc.__class__.__name__}: {exc}"}
     return prod, info
+
+
+def check_expected_unquantized(case: GpuCase, model) -> dict | None:
+    """{module: quant method} of the modules ``case.expect_unquantized`` names (None: it names none).
+
+    The proof a case went through its config's exclusion path: each named module must be built
+    with an ``Unquantized*`` method. One built quantized is a load failure (exit 1, naming it);
+    one that does not exist means the case no longer describes this vLLM (cannot judge)."""
+    if not case.expect_unquantized:
+        return None
+    from harness.exitcodes import CannotJudge
+    from harness.production.module import audit
+
+    methods = audit.module_quant_methods(model)
+    absent = [m for m in case.expect_unquantized if m not in methods]
+    if absent:
+        raise CannotJudge(f"{case.id}: expected unquantized module(s) {absent} have no quant method in this "
+                          f"vLLM's HYV4MTP (the case's module names are out of date)")
+    bad = [f"{m}: {case.id} expects vLLM to build it unquantized (the checkpoint's exclusion), "
+           f"built with {methods[m]}" for m in case.expect_unquantized if not audit.is_unquantized_method(methods[m])]
+    if bad:
+        raise audit.LoadAuditError(bad)
+    return {m: methods[m] for m in case.expect_unquantized}
 
 
 def fp8_kernel_notes(model) -> dict:
@@ -217,6 +243,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(GPU_CASES)})")
     ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(FP8_CASE_IDS)})")
+    ap.add_argument("--modelopt", action="store_true",
+                    help=f"the ModelOpt FP8_PB_WO cases ({', '.join(MODELOPT_CASE_IDS)})")
     ap.add_argument("--out", default=None, help="directory for side_by_side.json (default $OUT or out)")
     ap.add_argument("--save-traces", action="store_true", help="also write production traces (safetensors)")
     ap.add_argument("--rejudge", metavar="DIR", help="CPU only: re-judge the traces a --save-traces run wrote "
@@ -225,6 +253,8 @@ def main(argv=None) -> int:
     ids = list(args.case or [])
     if args.fp8:
         ids += [c for c in FP8_CASE_IDS if c not in ids]
+    if args.modelopt:
+        ids += [c for c in MODELOPT_CASE_IDS if c not in ids]
     if args.rejudge:
         code, _ = rejudge(args.rejudge, args.out, ids or None)
         return code

@@ -68,6 +68,8 @@ def quantization_for(hf_config: dict) -> str | None:
     an explicit argument disagrees, so we pass exactly that method. The target
     (never built) gets an ``Fp8Config``; ``HYV4MTP`` builds its own from
     ``mtp_quant_algo`` + ``quantization_config`` (block size, exclusions, UE8M0).
+    A ModelOpt config (``quant_method: modelopt``, no ``mtp_quant_algo``) passes ``modelopt``:
+    target and draft get a ``ModelOptFp8Config`` whose ``exclude_modules`` ``HYV4MTP`` remaps.
     Refused here, with the reason: ``mtp_quant_algo: FP8`` without
     ``quantization_config.weight_block_size`` (vLLM would build per-tensor FP8
     for the MTP layers, which the synthetic checkpoints do not hold).
@@ -82,6 +84,7 @@ def quantization_for(hf_config: dict) -> str | None:
     method = qc.get("quant_method")
     if not method:
         raise ValueError(f"quantization_config without quant_method: {qc}")
-    if method != "fp8":
-        raise ValueError(f"quantization_config.quant_method {method!r}: the harness drives block FP8 only")
+    if method not in ("fp8", "modelopt"):
+        raise ValueError(f"quantization_config.quant_method {method!r}: the harness drives block FP8 "
+                         "(fp8, modelopt FP8_PB_WO) only")
     return method

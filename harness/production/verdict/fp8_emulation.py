@@ -106,6 +106,7 @@ def requant_ue8m0(w: torch.Tensor, block=(128, 128)) -> torch.Tensor:
 def production_weights(case, weights: dict, variant: str) -> tuple[dict, frozenset]:
     """(weights as production computes with them, storages of the FP8-GEMM weights)."""
     from harness.checkpoint.quant import mtp_fp8_plan
+    from harness.components import QUANT_PRECISION
 
     _, requant = VARIANTS[variant]
     hf, _, _ = case_inputs_cached(case)
@@ -121,7 +122,7 @@ def production_weights(case, weights: dict, variant: str) -> tuple[dict, frozens
             if name not in out:
                 continue
             w = out[name]
-            if requant and case.quant == "fp8" and not leaf.startswith("mlp.experts."):
+            if requant and QUANT_PRECISION.get(case.quant, case.quant) == "fp8" and not leaf.startswith("mlp.experts."):
                 w = requant_ue8m0(w, plan.block)  # DeepGEMM linears only; Triton MoE keeps the stored scales
             out[name] = w.clone()
             storages.add(out[name].untyped_storage().data_ptr())

@@ -293,6 +293,7 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
         "tokens": {"production": prod_tokens, "reference_free_running": runs.free_tokens,
                    "agree": prod_tokens == runs.free_tokens},
         "timing_s": timing, "reference_device": runs.device, "fp8_kernels": info.get("fp8_kernels"),
+        "unquantized_modules": info.get("unquantized_modules"),
         "model_kernel_paths": info.get("model_kernel_paths"), "regimes": runs.regimes,
         "prod_keys": sorted(prod), "_prod": prod, "_ref": ref, "_prod_cmp": prod_cmp, "_report": report,
     }
