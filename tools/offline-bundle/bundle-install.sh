@@ -43,7 +43,8 @@ unpack_wheels() {
   [ -d "$d/deps" ] || [ ! -f "$d/deps.tar.xz" ] || {
     rm -rf "$d/.deps.tmp" && mkdir "$d/.deps.tmp" || die "cannot write in $d"
     xz -d < "$d/deps.tar.xz" | tar -x -C "$d/.deps.tmp" || die "$d/deps.tar.xz does not unpack"
-    mkdir -p "$d/.deps.tmp/deps" && mv "$d/.deps.tmp/deps" "$d/deps" && rmdir "$d/.deps.tmp"
+    { mkdir -p "$d/.deps.tmp/deps" && mv "$d/.deps.tmp/deps" "$d/deps" && rmdir "$d/.deps.tmp"; } ||
+      die "cannot move the unpacked wheels to $d/deps"
   }
 }
 base_dir=
