@@ -3,25 +3,43 @@
 # Triton but no package index, split into parts small enough to ship one at a
 # time. Run where PyPI is reachable, from the repo root:
 #
-#   tools/offline-bundle/make-bundle.sh [OUT_DIR] [PART_BYTES]
+#   tools/offline-bundle/make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION]
 #
 # OUT_DIR    where the parts go (default .gpu-bundle, git-ignored):
-#            OUT_DIR/part.00, part.01, ... and OUT_DIR/SHA256SUMS
-# PART_BYTES largest part (default 50000000: a part plus the ~8 MB working tree must
-# stay under a 64 MiB transfer; 60 MB parts stopped fitting once the tree grew)
+#            OUT_DIR/part.00, part.01, ..., OUT_DIR/SHA256SUMS, OUT_DIR/MANIFEST
+# PART_BYTES largest part (default 50000000: a part plus the ~10 MB working tree must
+#            stay under a 64 MiB transfer)
+# --base V   a delta over the bundle of vLLM V: only the vLLM tarball and the
+#            wheels whose pin differs from V's (pins.sh VERSION V); its install
+#            needs V's bundle installed first. GPU_BUNDLE_BASE says the same.
 #
-# The bundle holds the vLLM wheel pinned below minus what strip.txt lists
-# (pieces the Hopper MTP path never loads), the wheels pinned in
-# extra-wheels.txt that the GPU host lacks, and bundle/install.sh. The host's
+# The bundle holds the vLLM wheel minus what strip.txt lists (pieces the
+# Hopper MTP path never loads) as vllm.tar.xz, the wheels pins.sh lists for
+# the release (extra-wheels.txt, with extra-wheels-VERSION.txt over it) as
+# deps.tar.xz (each wheel stored, not deflated: stored-wheel.py), MANIFEST
+# (`vllm=VERSION`, and `base=V` for a delta) and bundle/install.sh. The host's
 # own torch is used: vLLM's extensions are built on the stable libtorch ABI.
-# Environment: VLLM_VERSION (0.33.0), GPU_HOST_PYTHON (3.12),
-# GPU_BUNDLE_CACHE (~/.cache/gpu-bundle/vllm-VERSION-pyPY).
-# Download happens here; strip.sh strips, pack.sh splits and checksums.
+# Environment: VLLM_VERSION (0.33.0), VLLM_WHEEL (a vLLM wheel already on disk:
+# no download), GPU_HOST_PYTHON (3.12), GPU_BUNDLE_CACHE
+# (~/.cache/gpu-bundle/vllm-VERSION-pyPY).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${1:-.gpu-bundle}
-PART=${2:-50000000}
+die() { echo "make-bundle: $*" >&2; exit 1; }
+args=()
+BASE=${GPU_BUNDLE_BASE:-}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --base) [ $# -ge 2 ] || die "--base needs a vLLM version"; BASE=$2; shift 2 ;;
+    --base=*) BASE=${1#--base=}; shift ;;
+    -*) die "unknown option $1 (usage: make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION])" ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+[ ${#args[@]} -le 2 ] || die "usage: make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION]"
+OUT=${args[0]:-.gpu-bundle}
+PART=${args[1]:-50000000}
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+[ "$BASE" != "$VLLM_VERSION" ] || die "--base $BASE is the release being bundled"
 PY=${GPU_HOST_PYTHON:-3.12}
 CACHE=${GPU_BUNDLE_CACHE:-$HOME/.cache/gpu-bundle/vllm-$VLLM_VERSION-py$PY}
 PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
@@ -29,27 +47,59 @@ PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
       --platform manylinux_2_24_x86_64 --platform manylinux_2_31_x86_64
       --platform manylinux_2_34_x86_64 --platform manylinux1_x86_64)
 for tool in python3 unzip tar xz split sha256sum; do
-  command -v "$tool" >/dev/null || { echo "make-bundle: needs $tool on PATH" >&2; exit 1; }
+  command -v "$tool" >/dev/null || die "needs $tool on PATH"
 done
+if [ -n "${VLLM_WHEEL:-}" ]; then
+  [ -f "$VLLM_WHEEL" ] || die "VLLM_WHEEL=$VLLM_WHEEL is not a file"
+  [[ ${VLLM_WHEEL##*/} == vllm-"$VLLM_VERSION"-*.whl ]] || die "VLLM_WHEEL=$VLLM_WHEEL is not a vllm $VLLM_VERSION wheel"
+fi
+pins=$("$HERE/pins.sh" "$VLLM_VERSION" ${BASE:+"$BASE"})
 
-STAGE="$CACHE/stage"
-mkdir -p "$CACHE/wheels" "$STAGE/bundle/deps"
-echo "fetching the wheels pinned in extra-wheels.txt ..."
-rm -f "$STAGE"/bundle/deps/*.whl
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" \
-    --implementation cp "${PLAT[@]}" -d "$STAGE/bundle/deps" -r "$HERE/extra-wheels.txt"
+# One stage per (release, base): a full bundle and a delta of the same release
+# hold different wheels.
+STAGE="$CACHE/stage${BASE:+-over-$BASE}"
+mkdir -p "$STAGE/bundle"
+rm -rf "$STAGE/bundle/deps"   # the unpacked wheels of an earlier format
 
-# The stripped vLLM tarball is cached; a change of strip.txt rebuilds it.
-strip_key=$(sha256sum "$HERE/strip.txt" | cut -c1-16)
-if [ ! -f "$STAGE/bundle/vllm.tar.xz" ] || [ "$(cat "$CACHE/vllm.strip-key" 2>/dev/null)" != "$strip_key" ]; then
-  echo "downloading vllm==$VLLM_VERSION ..."
-  python3 -m pip download -q --no-deps -d "$CACHE/wheels" "vllm==$VLLM_VERSION"
+# The wheels: downloaded, stored (not deflated), tarred and xz-compressed; the
+# result is cached, keyed on the pin list and the repacking script.
+deps_key=$({ printf '%s\n' "$pins"; cat "$HERE/stored-wheel.py"; } | sha256sum | cut -c1-16)
+if [ ! -f "$STAGE/bundle/deps.tar.xz" ] || [ "$(cat "$STAGE/deps.key" 2>/dev/null)" != "$deps_key" ]; then
+  rm -rf "$STAGE/published" "$STAGE/deps"
+  mkdir -p "$STAGE/published" "$STAGE/deps"
+  if [ -n "$pins" ]; then
+    echo "fetching $(printf '%s\n' "$pins" | wc -l) pinned wheels (pins.sh $VLLM_VERSION${BASE:+ $BASE}) ..."
+    printf '%s\n' "$pins" > "$STAGE/pins.txt"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" \
+        --implementation cp "${PLAT[@]}" -d "$STAGE/published" -r "$STAGE/pins.txt"
+    python3 "$HERE/stored-wheel.py" "$STAGE/deps" "$STAGE"/published/*.whl
+  fi
+  echo "compressing the wheels (a few minutes) ..."
+  (cd "$STAGE" && tar --sort=name --owner=0 --group=0 --numeric-owner -cf - deps) | xz -T0 -6 > "$STAGE/deps.tar.xz.tmp"
+  mv "$STAGE/deps.tar.xz.tmp" "$STAGE/bundle/deps.tar.xz"
+  echo "$deps_key" > "$STAGE/deps.key"
+  rm -rf "$STAGE/published" "$STAGE/deps"
+fi
+
+# The stripped vLLM tarball is cached; a change of strip.txt (or of the wheel) rebuilds it.
+strip_key="$(sha256sum "$HERE/strip.txt" | cut -c1-16) ${VLLM_WHEEL:+${VLLM_WHEEL##*/}}"
+if [ ! -f "$CACHE/vllm.tar.xz" ] || [ "$(cat "$CACHE/vllm.strip-key" 2>/dev/null)" != "$strip_key" ]; then
+  wheel=${VLLM_WHEEL:-}
+  if [ -z "$wheel" ]; then
+    echo "downloading vllm==$VLLM_VERSION ..."
+    mkdir -p "$CACHE/wheels"
+    python3 -m pip download -q --no-deps -d "$CACHE/wheels" "vllm==$VLLM_VERSION"
+    wheel=$(ls "$CACHE"/wheels/vllm-"$VLLM_VERSION"-*.whl | head -n 1)
+  fi
   rm -rf "$CACHE/unz" && mkdir -p "$CACHE/unz"
-  (cd "$CACHE/unz" && unzip -q "$CACHE"/wheels/vllm-"$VLLM_VERSION"-*.whl)
+  (cd "$CACHE/unz" && unzip -q "$wheel")
   echo "stripping and compressing vllm (a few minutes) ..."
-  "$HERE/strip.sh" "$CACHE/unz" "$STAGE/bundle/vllm.tar.xz"
+  "$HERE/strip.sh" "$CACHE/unz" "$CACHE/vllm.tar.xz"
   echo "$strip_key" > "$CACHE/vllm.strip-key"
   rm -rf "$CACHE/unz"
 fi
+ln -f "$CACHE/vllm.tar.xz" "$STAGE/bundle/vllm.tar.xz" 2>/dev/null || cp "$CACHE/vllm.tar.xz" "$STAGE/bundle/vllm.tar.xz"
+
+{ echo "vllm=$VLLM_VERSION"; [ -z "$BASE" ] || echo "base=$BASE"; } > "$STAGE/bundle/MANIFEST"
 cp "$HERE/bundle-install.sh" "$STAGE/bundle/install.sh"
 "$HERE/pack.sh" "$STAGE" "$OUT" "$PART"

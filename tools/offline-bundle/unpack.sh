@@ -3,8 +3,10 @@
 #
 #   tools/offline-bundle/unpack.sh PARTS_DIR DEST
 #
-# Leaves DEST/bundle/ (vllm.tar.xz, deps/, install.sh). One line and exit 1
-# when a part is missing or corrupt (verify.sh) or the archive does not unpack.
+# Leaves DEST/bundle/ (vllm.tar.xz, deps.tar.xz or deps/, install.sh, MANIFEST).
+# One line and exit 1 when a part is missing or corrupt (verify.sh), the
+# archive does not unpack, or PARTS_DIR/MANIFEST is not the parts' own (a
+# leftover of another build would name the wrong base).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 die() { echo "offline-bundle: $*" >&2; exit 1; }
@@ -23,4 +25,8 @@ err=$(mktemp)
 trap 'rm -f "$err"' EXIT
 cat "${parts[@]}" | tar -x -C "$dest" 2>"$err" || die "the joined parts do not untar: $(head -n 1 "$err")"
 [ -f "$dest/bundle/vllm.tar.xz" ] || die "the parts hold no bundle/vllm.tar.xz: not an offline bundle"
+if [ -f "$dir/MANIFEST" ] && ! cmp -s "$dir/MANIFEST" "$dest/bundle/MANIFEST"; then
+  rm -rf "$dest/bundle"
+  die "$dir/MANIFEST is not the one packed in these parts (left over from another build? ship the parts' own)"
+fi
 echo "offline-bundle: ${#parts[@]} parts unpacked into $dest/bundle"
