@@ -55,6 +55,7 @@ from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from . import runtime  # cannot_run_production_reason looked up at call time (tests patch it)
 from .runtime import BYTECODE_VAR, GPU_DEVICE_GLOB, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
 
+MAX_LANES = 64  # parallel compile processes
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
 
 
@@ -92,11 +93,17 @@ def check_arguments(args) -> None:
     for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
         if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
             raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
+    from . import input_checks as check
+
+    check.integer("--lanes", args.lanes, 1, MAX_LANES)
+    if args.cache is not None:
+        check.output_dir("--cache", args.cache)
     for flag, path in (("--report", args.report), ("--pack", args.pack)):
-        if path:
+        if path is not None:
+            check.output_file(flag, path)
             parent = os.path.dirname(os.path.abspath(path))
-            if os.path.isdir(path) or not os.path.isdir(parent):
-                raise CLIError(f"{flag} {path}: not a writable file path (a directory, or its folder is missing)")
+            if not os.path.isdir(parent):
+                raise CLIError(f"{flag} {path}: not a writable file path (its folder {parent} is missing)")
 
 
 def cache_size(root: str) -> int:

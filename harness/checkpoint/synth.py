@@ -9,7 +9,8 @@ vLLM keeps (router weight, expert bias, sink, indexer k_norm).
 
 The checkpoint holds the MTP layers, ``model.embed_tokens.weight`` and
 ``lm_head.weight`` only (no backbone). It is written into ``OUT_DIR.tmp-<pid>``
-and renamed onto OUT_DIR, so a reader never sees half a checkpoint.
+and renamed onto OUT_DIR (``harness.atomic.atomic_write_dir``), so a reader never sees half a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from reference.config import ConfigError, MTPConfig
 from reference.weights import check_weights, is_fp32_param, random_weights
 
-from harness.atomic import write_errors, write_failure
+from harness.atomic import NotRegularFile, atomic_write_dir, write_errors, write_failure
 
 from .errors import CheckpointError
 from .names import canonical_leaf, parse_layer_name, to_checkpoint
@@ -200,16 +200,8 @@ def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch
         raise ValueError("a checkpoint without an index has exactly one shard")
     if index and shards > len(tensors):  # every shard holds at least one tensor: no empty shard files
         raise ValueError(f"--shards {shards}: more shards than the {len(tensors)} tensors to write")
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out}: directory is not empty (use --force to replace it)")
-    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # removed again on failure
-    tmp.mkdir(parents=True)
-    try:
+
+    def fill(tmp: Path) -> None:
         names = sorted(tensors)
         files = _shard_names(shards) if index else ["model.safetensors"]
         buckets: list[dict[str, torch.Tensor]] = [{} for _ in files]
@@ -228,22 +220,8 @@ def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch
             (tmp / "model.safetensors.index.json").write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-        if out.is_dir() and any(out.iterdir()):
-            old = out.parent / f"{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)  # an empty directory is replaced too
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in created:  # deepest first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise
-    return out
+
+    return atomic_write_dir(out, fill, replace=force)
 
 
 def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[str, torch.Tensor], *,
@@ -285,6 +263,8 @@ def synth_command(args) -> int:
                               expert_scale_suffix=args.expert_scale_suffix,
                               scale_dtype=args.scale_dtype, indexer_wk_fp8=not args.bf16_indexer_wk,
                               index=not args.no_index, force=args.force)
+    except NotRegularFile as exc:
+        raise write_failure(args.out_dir, exc) from exc
     except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

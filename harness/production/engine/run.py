@@ -810,8 +810,8 @@ def _case_failed(title: str, exc: Exception, debug: bool) -> tuple[dict, int]:
 def run_checked(args, mutants) -> int:
     """The engine command once its arguments are checked and production can run here
     (``harness.production.engine.cli``): the sweep, or each case (one process per engine)."""
-    out = args.out or os.environ.get("HYV4_REPORT_DIR")
-    check_out_dir(out)
+    out = args.out or os.environ.get("HYV4_REPORT_DIR") or None
+    check_out_dir(out, "--out" if args.out else "$HYV4_REPORT_DIR")
     if args.sweep:
         try:
             doc = run_mutant_sweep(ENGINE_CASES[args.case[0]], mutants, out=out)
