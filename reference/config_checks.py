@@ -34,6 +34,7 @@ INT_FIELDS: dict[str, int] = {
     "head_dim": 1,
     "num_local_experts": 1,  # HYV4Config.attribute_map alias of n_routed_experts
 }
+INT_MAX = 2 ** 31 - 1  # every int field's upper bound: shapes and indices are int32 in vLLM's kernels
 OPTIONAL_INT_FIELDS = ("pad_token_id", "bos_token_id")
 BOOL_FIELDS = ("use_cache", "tie_word_embeddings", "attention_bias", "norm_topk_prob", "enable_lm_head_fp32",
                "enable_ihc", "gated_mla", "learnable_sink",
@@ -83,6 +84,9 @@ def validate_hf_config(hf) -> None:
                 raise bad(key, f"{_is_a(v)}; vLLM's HYV4Config (strict) needs an int")
             if v < low:
                 raise bad(key, f"must be >= {low}")
+            if v > INT_MAX:
+                raise ConfigError(f"config key {key!r}: {v if len(str(v)) <= 30 else str(v)[:20] + '...'} "
+                                  f"must be <= {INT_MAX} (vLLM's kernels index with int32)")
     for key in OPTIONAL_INT_FIELDS:
         if key in hf and hf[key] is not None and not _is_int(hf[key]):
             raise bad(key, f"{_is_a(hf[key])}; vLLM's HYV4Config (strict) needs an int or null")

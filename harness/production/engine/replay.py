@@ -541,24 +541,7 @@ def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict]
 
 
 def load_recording(path_stem: str) -> tuple[list[DraftCall], list[dict], dict]:
-    """Inverse of ``save_recording``: (calls, proposals, the JSON document). A recording that
-    cannot be read (truncated, edited, another format) is bad input: ``CLIError`` naming it."""
-    from harness.exitcodes import CLIError
-
-    try:
-        return _load_recording(path_stem)
-    except CLIError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
-        raise CLIError(f"{path_stem}.json / .safetensors: not a readable engine recording: "
-                       f"{exc.__class__.__name__}: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - safetensors' SafetensorError (a truncated file) is no OSError
-        if exc.__class__.__name__ != "SafetensorError":
-            raise
-        raise CLIError(f"{path_stem}.safetensors: not a readable engine recording (truncated?): {exc}") from exc
-
-
-def _load_recording(path_stem: str) -> tuple[list[DraftCall], list[dict], dict]:
+    """Inverse of ``save_recording``: (calls, proposals, the JSON document)."""
     import json
 
     from safetensors.torch import load_file
