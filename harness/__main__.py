@@ -20,7 +20,9 @@ from .cli import main  # noqa: E402
 
 code = main()
 try:
-    model_info.stop()  # the one exit hook of this package (a background inspection still running)
+    model_info.stop()  # the exit hooks of this package: a background inspection still running,
+    from .runtime import remove_process_temp_dir
+    remove_process_temp_dir()  # and the vLLM model directories this process wrote
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -38,7 +38,7 @@ class NotRegularFile(OSError):
     file; anything but a directory for a directory), or is a symbolic link to nowhere."""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -85,7 +85,7 @@ def clean_dead_leftovers(path: Path) -> None:
         m = temp_file.fullmatch(entry)
         d = temp_dir.fullmatch(entry)
         pid = int(m.group(1)) if m else int(d.group(2)) if d else None
-        if pid is None or pid == os.getpid() or _pid_alive(pid):
+        if pid is None or pid == os.getpid() or pid_alive(pid):
             continue
         leftover = parent / entry
         with contextlib.suppress(OSError):

@@ -49,6 +49,44 @@ def reference_device() -> str:
         return "cpu"
 
 
+PROCESS_TEMP_PREFIX = "hyv4-mtp-"  # + this process's pid: the vLLM model directories it writes
+_process_temp: list[str] = []
+
+
+def process_temp_dir() -> str:
+    """This process's folder under the system temp directory (``hyv4-mtp-<pid>``): vLLM reads its
+    model directories (a config.json each) from it for as long as an engine lives. Removed when the
+    process ends (``remove_process_temp_dir``: at exit, and by the entry points that skip exit
+    hooks); a folder of a process that is gone (killed) is removed the next time one is made."""
+    import atexit
+    import os
+    import re
+    import shutil
+    import tempfile
+
+    if _process_temp:
+        return _process_temp[0]
+    base = tempfile.gettempdir()
+    from .atomic import pid_alive
+
+    for entry in os.listdir(base):
+        m = re.fullmatch(re.escape(PROCESS_TEMP_PREFIX) + r"(\d+)", entry)
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+    path = os.path.join(base, f"{PROCESS_TEMP_PREFIX}{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    _process_temp.append(path)
+    atexit.register(remove_process_temp_dir)
+    return path
+
+
+def remove_process_temp_dir() -> None:
+    import shutil
+
+    while _process_temp:
+        shutil.rmtree(_process_temp.pop(), ignore_errors=True)
+
+
 JIT_CACHE_ENV = "HYV4_JIT_CACHE"
 
 # Where each JIT layer of the GPU stack keeps what it compiled, relative to one cache root.
