@@ -18,7 +18,11 @@ defer_gc()  # the program's start-up only (not where a test calls cli.main): run
 from . import model_info  # noqa: E402
 from .cli import main  # noqa: E402
 
-code = main()
+try:
+    code = main()
+except KeyboardInterrupt:  # Ctrl-C before a command's guard was up (start-up): one line, as inside it
+    print("interrupted (SIGINT): nothing half-written is left", file=sys.stderr)
+    code = 130
 try:
     model_info.stop()  # the exit hooks of this package: a background inspection still running,
     from .runtime import remove_process_temp_dir

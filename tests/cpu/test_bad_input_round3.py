@@ -457,8 +457,9 @@ def test_a_signal_mid_write_leaves_nothing(sig, code, word, tmp_path, capsys):
         signal.getsignal(signal.SIGTERM).__name__ != "_raise_terminated"
 
 
-def test_sigint_of_a_real_command_is_one_line(tmp_path):
-    """``python -m harness`` interrupted: one line, 130 (KeyboardInterrupt through the whole entry point)."""
+def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
+    """An entry point interrupted mid-write (``python -m harness.schedule``, no torch): one line,
+    130, no traceback, no temp file."""
     import sys
 
     (tmp_path / "sitecustomize.py").write_text(
@@ -467,13 +468,15 @@ def test_sigint_of_a_real_command_is_one_line(tmp_path):
         "def k(path, write):\n"
         "    return w(path, lambda tmp: (write(tmp), os.kill(os.getpid(), signal.SIGINT)))\n"
         "a.atomic_write = k\n")
+    junit = tmp_path / "j.xml"
+    junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    out = tmp_path / "x.png"
-    r = subprocess.run([sys.executable, "-m", "harness", "report", str(_good_report(tmp_path)), "--plot", str(out)],
+    r = subprocess.run([sys.executable, "-m", "harness.schedule", str(junit), str(tmp_path / "d.json"), "r"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 130 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
     assert r.stderr.strip().splitlines() == ["interrupted (SIGINT): nothing half-written is left"], r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["j.xml", "sitecustomize.py"]
 
 
 def test_leftovers_of_dead_runs_are_cleaned(tmp_path, capsys):
