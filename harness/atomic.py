@@ -28,14 +28,20 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from .exitcodes import CLIError
+
 # the temp file beside NAME adds this many bytes to NAME: "." NAME "." <pid <= 7 digits> "." <8 random> ".tmp"
 TEMP_NAME_OVERHEAD = 1 + 1 + 7 + 1 + 8 + 4
 NAME_MAX = 255  # bytes of one path component (Linux, every common file system)
 
 
-class NotRegularFile(OSError):
+class NotRegularFile(OSError, CLIError):
     """The target exists and is not what the write produces (a device node, FIFO or socket for a
-    file; anything but a directory for a directory), or is a symbolic link to nowhere."""
+    file; anything but a directory for a directory), or is a symbolic link to nowhere. Bad input
+    (exit 2) wherever it is raised, even by a write no argument check foresaw."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
 
 
 def pid_alive(pid: int) -> bool:

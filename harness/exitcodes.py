@@ -62,8 +62,11 @@ def signals_as_exceptions():
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # a signal the parent set to be ignored (nohup, a background job) stays ignored
+    if previous[signal.SIGTERM] is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    if previous[signal.SIGINT] is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:

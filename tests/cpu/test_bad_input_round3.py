@@ -156,6 +156,8 @@ def test_the_writer_itself_refuses_and_follows_links(tmp_path):
     with pytest.raises(NotRegularFile) as ei:
         atomic_write_bytes(fifo, b"x")
     assert classify(write_failure(f"--out {fifo}", ei.value))[0] == 2
+    code, line = classify(ei.value)  # raised by a write no argument check foresaw: still bad input
+    assert code == 2 and line == f"error: {fifo}: is a FIFO; refusing to replace it with a file"
     os.symlink(fifo, tmp_path / "to-fifo")
     with pytest.raises(NotRegularFile):
         atomic_write_bytes(tmp_path / "to-fifo", b"x")
@@ -269,6 +271,12 @@ def _deep(n: int) -> str:
     return "[" * n + "]" * n
 
 
+def _write_header(f: Path, raw: bytes) -> None:
+    data = f.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    f.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+
+
 def _lying_header(d: Path):
     """The first shard's header says one tensor is F32 where it is stored as BF16 (span too small)."""
     f = d / "model-00001-of-00002.safetensors"
@@ -288,6 +296,9 @@ CHECKPOINT_EDITS = {
     "config-nested-deep": (lambda d: (d / "config.json").write_text(_deep(100_000)), ["config.json"]),
     "index-nested-deep": (lambda d: (d / "model.safetensors.index.json").write_text(_deep(100_000)),
                           ["model.safetensors.index.json"]),
+    "shard-header-nested-deep": (lambda d: _write_header(d / "model-00002-of-00002.safetensors",
+                                                           _deep(100_000).encode()),
+                                 ["model-00002-of-00002.safetensors"]),
     "index_topk-huge": (_config_edit(lambda hf: hf.__setitem__("index_topk", 10 ** 30)), ["index_topk", "<="]),
     "hidden-401-digits": (_config_edit(lambda hf: hf.__setitem__("hidden_size", 10 ** 400)), ["hidden_size"]),
     "config-too-big": (lambda d: (d / "config.json").write_text(
