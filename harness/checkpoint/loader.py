@@ -23,6 +23,7 @@ import difflib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 import torch
@@ -151,7 +152,10 @@ def _load_json(path: Path, what: str):
         return seen
 
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
+            raise CheckpointError(path, None, f"{what} is not a regular file")
         if size > MAX_JSON_BYTES:
             raise CheckpointError(path, None, f"{what} is {size} bytes, more than any model's "
                                   f"({MAX_JSON_BYTES >> 20} MiB at most)")

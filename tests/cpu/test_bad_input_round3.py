@@ -299,6 +299,7 @@ CHECKPOINT_EDITS = {
     "shard-header-nested-deep": (lambda d: _write_header(d / "model-00002-of-00002.safetensors",
                                                            _deep(100_000).encode()),
                                  ["model-00002-of-00002.safetensors"]),
+    "config-fifo": (lambda d: ((d / "config.json").unlink(), os.mkfifo(d / "config.json")), ["config.json"]),
     "index_topk-huge": (_config_edit(lambda hf: hf.__setitem__("index_topk", 10 ** 30)), ["index_topk", "<="]),
     "hidden-401-digits": (_config_edit(lambda hf: hf.__setitem__("hidden_size", 10 ** 400)), ["hidden_size"]),
     "config-too-big": (lambda d: (d / "config.json").write_text(
