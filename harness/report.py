@@ -44,6 +44,15 @@ def _fits_a_float(v) -> bool:
     return True
 
 
+def _printable(text: str) -> bool:
+    """Encodable as UTF-8 (JSON's ``\\udcff`` escapes decode to lone surrogates, which are not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _short(v) -> str:
     text = repr(v) if not isinstance(v, int) or v.bit_length() < 200 else f"an int of {len(str(v))} digits"
     return text if len(text) <= 120 else text[:117] + "..."
@@ -67,9 +76,14 @@ def read_report(path: str | Path) -> dict:
             isinstance(c, dict) and isinstance(c.get("components"), list) for c in cases.values()):
         raise ValueError(f"{path}: not a harness report ('cases' must map case ids to reports with 'components')")
     for cid, rep in cases.items():
+        if not _printable(cid):
+            raise ValueError(f"{path}: case id {_short(cid)} is not text (a lone surrogate)")
         for j, c in enumerate(rep["components"]):
             if not isinstance(c, dict):
                 raise ValueError(f"{path}: case {cid!r} component {j}: not an object")
+            if isinstance(c.get("name"), str) and not _printable(c["name"]):
+                raise ValueError(f"{path}: case {cid!r} component {j}: name {_short(c['name'])} is not text "
+                                 "(a lone surrogate)")
             for field, types in _COMPONENT_FIELDS.items():
                 v = c.get(field)
                 if not isinstance(v, types) or (bool in types) != isinstance(v, bool) or (
@@ -105,7 +119,8 @@ def _dataflow_key(key: tuple[str, str]) -> tuple:
     case, name = key
     step, _, comp = name.partition(".")
     order = COMPONENTS.index(comp) if comp in COMPONENTS else len(COMPONENTS)
-    return case, int(step[4:]) if step[4:].isdigit() else -1, order, name
+    k = step[4:]
+    return case, int(k) if k.isdigit() and len(k) <= 18 else -1, order, name
 
 
 def diff(a: dict, b: dict, factor: float = 2.0) -> list[str]:

@@ -244,7 +244,7 @@ def memoize_packages_distributions(directory: str) -> None:
                 doc = json.load(f)
             if isinstance(doc, dict) and all(isinstance(v, list) for v in doc.values()):
                 return doc
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             pass
         answer = compute()
         try:
@@ -296,7 +296,7 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
     try:
         with open(marker) as f:
             done = dict(json.load(f))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, RecursionError):
         done = {}
     todo = []
     for name in packages:

@@ -132,7 +132,7 @@ def read_stamp(root: str) -> dict:
         with open(os.path.join(root, STAMP)) as f:
             stamp = json.load(f)
         return stamp if isinstance(stamp, dict) and isinstance(stamp.get("steps"), dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 

@@ -154,6 +154,12 @@ def _check_rope_types(params: dict, hf: dict) -> None:
     for k in _ROPE_NUMBER_KEYS + _ROPE_INT_KEYS:
         if params.get(k) is not None:
             number(f"rope_parameters.{k}", params[k], k in _ROPE_INT_KEYS)
+    kind = params.get("rope_type", params.get("type"))
+    read_with_a_default = ("beta_fast", "beta_slow") + (("mscale", "mscale_all_dim") if kind not in (None, "default", "yarn")
+                                                       else ())
+    for k in read_with_a_default:  # get(k, default) returns a null as is: float(None) in vLLM too
+        if k in params and params[k] is None:
+            raise ConfigError(f"rope_parameters.{k} is null; give a number or leave the key out")
     if params.get("truncate") is not None and not isinstance(params["truncate"], bool):
         raise ConfigError(f"rope_parameters.truncate {params['truncate']!r}: must be true or false")
     for k in _TOP_NUMBER_KEYS:

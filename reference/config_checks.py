@@ -75,7 +75,8 @@ def validate_hf_config(hf) -> None:
         raise ConfigError(f"config.json must be a JSON object, got a JSON {_kind(hf)}")
 
     def bad(key: str, why: str) -> ConfigError:
-        return ConfigError(f"config key {key!r}: {hf[key]!r} {why}")
+        shown = repr(hf[key])
+        return ConfigError(f"config key {key!r}: {shown if len(shown) <= 60 else shown[:57] + '...'} {why}")
 
     for key, low in INT_FIELDS.items():
         if key in hf:
@@ -111,7 +112,7 @@ def validate_hf_config(hf) -> None:
         v = hf[key]
         if not isinstance(v, float):
             raise bad(key, f"{_is_a(v)}; vLLM's HYV4Config (strict) needs a float "
-                      f"(write {float(v)!r})" if _is_int(v) else
+                      f"(write {v}.0)" if _is_int(v) and abs(v) < 10 ** 20 else
                       f"{_is_a(v)}; vLLM's HYV4Config (strict) needs a float")
         if not math.isfinite(v):
             raise bad(key, "must be finite")
@@ -139,5 +140,5 @@ def validate_hf_config(hf) -> None:
         raise bad("mtp_quant_algo", "must be a string or null")
     if "rope_theta" in hf:  # not a HYV4Config field (read from kwargs): any positive finite number
         v = hf["rope_theta"]
-        if not ((_is_int(v) or isinstance(v, float)) and math.isfinite(v) and v > 0):
+        if not ((_is_int(v) and 0 < v < 2 ** 1000) or (isinstance(v, float) and math.isfinite(v) and v > 0)):
             raise bad("rope_theta", "must be a finite number > 0")

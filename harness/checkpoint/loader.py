@@ -241,7 +241,7 @@ def _check_span(path: Path, name: str, entry, start: int, end: int) -> None:
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in shape):
         raise CheckpointError(path, name, f"corrupt header entry: shape {str(shape)[:60]}")
-    if dtype not in _ST_ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in _ST_ITEMSIZE:
         raise CheckpointError(path, name, f"corrupt header entry: unknown dtype {str(dtype)[:40]!r}")
     want = _ST_ITEMSIZE[dtype]
     for d in shape:

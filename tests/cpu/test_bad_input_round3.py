@@ -277,6 +277,14 @@ def _write_header(f: Path, raw: bytes) -> None:
     f.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
 
 
+def _header_entry(d: Path, field: str, value) -> None:
+    f = d / "model-00001-of-00002.safetensors"
+    data = f.read_bytes()
+    hdr = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    hdr[sorted(k for k in hdr if k != "__metadata__")[0]][field] = value
+    _write_header(f, json.dumps(hdr, separators=(",", ":")).encode())
+
+
 def _lying_header(d: Path):
     """The first shard's header says one tensor is F32 where it is stored as BF16 (span too small)."""
     f = d / "model-00001-of-00002.safetensors"
@@ -305,6 +313,12 @@ CHECKPOINT_EDITS = {
     "config-too-big": (lambda d: (d / "config.json").write_text(
         json.dumps({**json.loads((d / "config.json").read_text()), "pad": "x" * (17 << 20)})),
                        ["config.json", "bytes"]),
+    "rope_theta-401-digits": (_config_edit(lambda hf: hf.__setitem__("rope_theta", 10 ** 400)), ["rope_theta"]),
+    "rms_norm_eps-huge-int": (_config_edit(lambda hf: hf.__setitem__("rms_norm_eps", 10 ** 30)), ["rms_norm_eps"]),
+    "beta_fast-null": (_config_edit(lambda hf: hf.__setitem__("rope_parameters", {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "beta_fast": None})),
+                       ["beta_fast"]),
+    "shard-dtype-list": (lambda d: _header_entry(d, "dtype", ["BF16"]), ["dtype"]),
     "rope_type-list": (_config_edit(lambda hf: hf.__setitem__("rope_parameters", {"rope_type": ["yarn"]})),
                        ["rope_type"]),
     "factor-string": (_config_edit(lambda hf: hf.__setitem__(
@@ -337,8 +351,13 @@ def test_report_files_that_are_hostile(tmp_path, capsys):
     deep.write_text(_deep(100_000))
     big = tmp_path / "big.json"
     big.write_text(_good_report(tmp_path).read_text().replace("1e-06", "1" * 401, 1))
-    for p in (deep, big):
+    digits = tmp_path / "digits.json"
+    digits.write_text(_good_report(tmp_path).read_text().replace("step0.logits", "step" + "9" * 5000 + ".x"))
+    surrogate = tmp_path / "surrogate.json"
+    surrogate.write_text(_good_report(tmp_path).read_text().replace("step0.logits", "\\udcff"))
+    for p in (deep, big, surrogate):
         _one_line(_run(capsys, "report", p), 2, p.name)
+    assert _run(capsys, "report", digits, digits)[0] == 0
     _one_line(_run(capsys, "report", tmp_path), 2, "is a directory")
 
 
