@@ -131,7 +131,7 @@ def _check_synth_args(args) -> None:
     from . import input_checks as check
     from .presets import preset
 
-    check.output_dir("OUT_DIR", args.out_dir)
+    check.replaceable_dir("OUT_DIR", args.out_dir)
     out = Path(args.out_dir)
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise CLIError(f"{out}: directory is not empty (use --force to replace it)")

@@ -62,8 +62,21 @@ def _check_parent(what: str, path: str) -> None:
         parent = up
     if not stat.S_ISDIR(st.st_mode):
         raise CLIError(f"{what}: {parent} is {_kind(st.st_mode)}, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CLIError(f"{what}: directory {parent} is not writable")
+    _probe(what, parent)
+
+
+def _probe(what: str, directory: str) -> None:
+    """Can a file be created in ``directory``? Asked of the file system itself (a temp file made
+    and removed at once): permissions, a read-only mount, /proc or /sys answer as a write would
+    (``os.access`` says yes to root everywhere)."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".hyv4-probe-")
+    except OSError as exc:
+        raise CLIError(f"{what}: cannot write in directory {directory}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def output_file(flag: str, path) -> None:
@@ -95,10 +108,20 @@ def output_dir(flag: str, path) -> None:
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             raise CLIError(f"{what}: exists and is not a directory (it is {_kind(st.st_mode)})")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise CLIError(f"{what}: directory is not writable")
+        _probe(what, path)
         return
     _check_parent(what, path)
+
+
+def replaceable_dir(flag: str, path) -> None:
+    """``output_dir``, and not a directory whose replacement would take the caller's world with
+    it: ``/``, the current directory or one above it (``synth . --force``)."""
+    output_dir(flag, path)
+    real = os.path.realpath(os.fspath(path))
+    cwd = os.path.realpath(os.getcwd())
+    if real == os.sep or cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
+        raise CLIError(f"{flag} {os.fspath(path)}: is {'/' if real == os.sep else 'the current directory or above it'}; "
+                       "give a new or dedicated directory")
 
 
 def input_file(flag: str, path) -> None:
@@ -139,6 +162,8 @@ def checkpoint(value) -> None:
     if value == "-":
         raise CLIError("CKPT_DIR '-': a checkpoint cannot be read from stdin; give a directory, preset:NAME "
                        "or a case id")
+    if not str(value).startswith("preset:"):
+        _stat(f"CKPT_DIR {value}", str(value))  # a name too long, a loop of links, no permission
 
 
 # ---- the environment variables the README documents ------------------------------------------------

@@ -230,6 +230,7 @@ def test_engine_command_checks_its_outputs_and_variables_first(tmp_path, capsys,
     f = tmp_path / "afile"
     f.write_text("x")
     _one_line(_run(capsys, "--case", "engine-accept-k3-share", "--out", f / "x", main=engine_main), 2, "--out")
+    _one_line(_run(capsys, "--rejudge", "", main=engine_main), 2, "--rejudge is empty")
     monkeypatch.setenv("HYV4_REPORT_DIR", str(f))
     _one_line(_run(capsys, "--case", "engine-accept-k3-share", main=engine_main), 2, "$HYV4_REPORT_DIR")
     monkeypatch.delenv("HYV4_REPORT_DIR")
@@ -370,6 +371,11 @@ def test_report_files_that_are_hostile(tmp_path, capsys):
     (["reference", "preset:tiny", "--out", ""], "--out is empty"),
     (["compare", "--report", ""], "--report is empty"),
     (["synth", ""], "OUT_DIR is empty"),
+    (["synth", ".", "--force"], "the current directory"),
+    (["synth", "/", "--force"], "OUT_DIR /: is /"),
+    (["reference", "{tmp}/" + "c" * 300, "--out", "{tmp}/t.safetensors"], "CKPT_DIR"),
+    (["compare", "{tmp}/" + "c" * 300], "CKPT_DIR"),
+    (["reference", "preset:tiny", "--out", "/proc/1/t.safetensors"], "--out /proc/1/t.safetensors"),
 ])
 def test_bad_values_name_their_flag(argv, culprit, tmp_path, capsys, gpu_host):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]

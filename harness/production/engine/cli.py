@@ -71,7 +71,9 @@ def _main(args) -> int:
     elif len(mutants) > 1:
         raise CLIError("--mutant given more than once: one engine per planted bug, or --sweep")
     args.mutant = None if args.sweep else (mutants[0] if mutants else None)
-    if args.rejudge:
+    if args.rejudge is not None:
+        if not args.rejudge.strip():
+            raise CLIError("--rejudge is empty; give the directory of the saved recordings")
         if args.sweep:
             raise CLIError("--rejudge and --sweep: choose one")
         from harness.production.engine.run import rejudge_dir
