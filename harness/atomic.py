@@ -168,9 +168,9 @@ def atomic_write_dir(path: str | Path, fill: Callable[[Path], None], *, replace:
     If the replaced directory cannot be removed afterwards (a file in it is immutable, say),
     the new one is in place all the same: a warning on stderr names what is left."""
     path = _resolve_target(Path(path), directory=True)
+    clean_dead_leftovers(path)  # first: it may put back a directory a killed run had moved aside
     if path.is_dir() and any(path.iterdir()) and not replace:
         raise FileExistsError(f"{path}: directory is not empty (use --force to replace it)")
-    clean_dead_leftovers(path)
     tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
     if os.path.lexists(tmp):
         shutil.rmtree(tmp)

@@ -463,14 +463,18 @@ def test_synth_force_when_the_old_checkpoint_cannot_be_removed(tmp_path, capsys,
     assert (out / "config.json").is_file() and "Traceback" not in text
 
 
-def test_synth_force_through_a_link_replaces_the_directory_it_points_at(tmp_path, capsys):
+def test_a_directory_write_through_a_link_replaces_the_directory_it_points_at(tmp_path):
+    from harness.atomic import atomic_write_dir
+
     real = tmp_path / "real"
-    assert _run(capsys, "synth", real)[0] == 0
+    real.mkdir()
+    (real / "old.safetensors").write_text("old")
     os.symlink(real, tmp_path / "link")
-    code, lines, text = _run(capsys, "synth", tmp_path / "link", "--force", "--shards", "2")
-    assert code == 0, text
-    assert (tmp_path / "link").is_symlink() and (real / "model.safetensors.index.json").is_file()
+    atomic_write_dir(tmp_path / "link", lambda d: (d / "config.json").write_text("{}"), replace=True)
+    assert (tmp_path / "link").is_symlink() and sorted(p.name for p in real.iterdir()) == ["config.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+    with pytest.raises(FileExistsError, match="not empty"):
+        atomic_write_dir(tmp_path / "link", lambda d: None)
 
 
 # ---- 7: signals and the leftovers of dead runs ----------------------------------------------------
@@ -516,27 +520,29 @@ def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["j.xml", "sitecustomize.py"]
 
 
-def test_leftovers_of_dead_runs_are_cleaned(tmp_path, capsys):
+def test_leftovers_of_dead_runs_are_cleaned(tmp_path):
     from harness.atomic import atomic_write_bytes, atomic_write_dir
 
     dead = 2 ** 22 + 12345  # above the default pid_max: never a live process
+    live = os.getppid()
     (tmp_path / f".t.json.{dead}.abcd1234.tmp").write_text("half")
-    (tmp_path / f".t.json.{os.getppid()}.abcd1234.tmp").write_text("a live run's")
+    (tmp_path / f".t.json.{live}.abcd1234.tmp").write_text("a live run's")
     (tmp_path / f"ck.tmp-{dead}").mkdir()
     (tmp_path / f"ck.old-{dead}").mkdir()
     (tmp_path / f"ck.old-{dead}" / "config.json").write_text("{}")
+    (tmp_path / "ck").mkdir()  # the swap had finished: the old one is only debris
+    (tmp_path / "ck" / "config.json").write_text("{}")
+    atomic_write_bytes(tmp_path / "t.json", b"{}")
+    atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text('{"new": 1}'), replace=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".t.json.{live}.abcd1234.tmp", "ck", "t.json"])
+    assert (tmp_path / "ck" / "config.json").read_text() == '{"new": 1}'
+    # killed between the two renames of a swap: the old directory goes back, and is not replaced
+    # without --force
     (tmp_path / f"gone.old-{dead}").mkdir()
     (tmp_path / f"gone.old-{dead}" / "config.json").write_text("{}")
-    atomic_write_bytes(tmp_path / "t.json", b"{}")
-    atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
-    atomic_write_dir(tmp_path / "gone2", lambda d: None)
-    atomic_write_bytes(tmp_path / "gone", b"") if False else None
-    from harness.atomic import clean_dead_leftovers
-
-    clean_dead_leftovers(tmp_path / "gone")  # killed between the renames: the old directory goes back
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f".t.json.{os.getppid()}.abcd1234.tmp", "ck", "gone", "gone2", "t.json"])
-    assert (tmp_path / "gone" / "config.json").is_file()
+    with pytest.raises(FileExistsError, match="not empty"):
+        atomic_write_dir(tmp_path / "gone", lambda d: None)
+    assert (tmp_path / "gone" / "config.json").read_text() == "{}"
 
 
 # ---- 8: upper bounds, stated ----------------------------------------------------------------------
