@@ -50,7 +50,7 @@ def reference_device() -> str:
 
 
 PROCESS_TEMP_PREFIX = "hyv4-mtp-"  # + this process's pid: the vLLM model directories it writes
-_process_temp: list[str] = []
+_process_temp: list[tuple[int, str]] = []  # (the pid that made it, its path)
 
 
 def process_temp_dir() -> str:
@@ -64,8 +64,9 @@ def process_temp_dir() -> str:
     import shutil
     import tempfile
 
-    if _process_temp:
-        return _process_temp[0]
+    if _process_temp and _process_temp[0][0] == os.getpid():
+        return _process_temp[0][1]
+    _process_temp.clear()  # a forked child makes its own (the parent's is the parent's to remove)
     base = tempfile.gettempdir()
     from .atomic import pid_alive
 
@@ -75,16 +76,20 @@ def process_temp_dir() -> str:
             shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
     path = os.path.join(base, f"{PROCESS_TEMP_PREFIX}{os.getpid()}")
     os.makedirs(path, exist_ok=True)
-    _process_temp.append(path)
+    _process_temp.append((os.getpid(), path))
     atexit.register(remove_process_temp_dir)
     return path
 
 
 def remove_process_temp_dir() -> None:
+    """Remove this process's temp folder (``process_temp_dir``); a forked child leaves its parent's."""
+    import os
     import shutil
 
     while _process_temp:
-        shutil.rmtree(_process_temp.pop(), ignore_errors=True)
+        pid, path = _process_temp.pop()
+        if pid == os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 JIT_CACHE_ENV = "HYV4_JIT_CACHE"

@@ -584,6 +584,11 @@ def test_model_directories_are_removed(tmp_path, monkeypatch):
     assert Path(path, "config.json").is_file() and not dead.exists()
     runtime.remove_process_temp_dir()
     assert list(tmp_path.iterdir()) == []
+    parents = tmp_path / "a-parent's"  # inherited through a fork: the parent's to remove, not the child's
+    parents.mkdir()
+    monkeypatch.setattr(runtime, "_process_temp", [(os.getpid() + 1, str(parents))])
+    runtime.remove_process_temp_dir()
+    assert parents.is_dir()
 
 
 # ---- 10: the documented environment variables ---------------------------------------------------
