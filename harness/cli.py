@@ -64,6 +64,8 @@ def _check_reference_args(args) -> None:
                   f"--requests {args.requests} x --tokens must be <= {MAX_CASE_TOKENS}")
     check.seed("--seed", args.seed)
     check.output_file("--out", args.out)
+    if not args.ckpt.startswith("preset:"):
+        check.not_an_input("--out", args.out, args.ckpt)
     if args.ckpt.startswith("preset:"):
         from .presets import preset
 
@@ -201,6 +203,7 @@ def cmd_report(args) -> int:
         check.input_file("B.json", args.b)
     if args.plot is not None:  # checked before anything is printed: a bad --plot is bad input
         check.output_file("--plot", args.plot)
+        check.not_an_input("--plot", args.plot, args.a, args.b)
         if not Path(args.plot).parent.is_dir():
             raise CLIError(f"--plot {args.plot}: directory {Path(args.plot).parent} does not exist")
     # a ratio of two errors: below 1 every error would count as moved, NaN/inf none

@@ -124,6 +124,22 @@ def replaceable_dir(flag: str, path) -> None:
                        "give a new or dedicated directory")
 
 
+def not_an_input(flag: str, out, *inputs) -> None:
+    """``out`` would not replace one of the command's inputs: an input file itself (``report A.json
+    --plot A.json``), or an existing file inside an input directory (a checkpoint's shard)."""
+    if out is None:
+        return
+    real = os.path.realpath(os.fspath(out))
+    for src in inputs:
+        if src is None or not os.path.exists(src):
+            continue
+        root = os.path.realpath(os.fspath(src))
+        inside = os.path.isdir(root) and real.startswith(root.rstrip(os.sep) + os.sep) and os.path.exists(real)
+        if real == root or inside:
+            raise CLIError(f"{flag} {os.fspath(out)}: would replace the input {os.fspath(src)}"
+                           + (f" ({os.path.relpath(real, root)})" if inside else "") + "; write it elsewhere")
+
+
 def input_file(flag: str, path) -> None:
     """A file the command reads: it exists and is a regular file."""
     path = "" if path is None else os.fspath(path)

@@ -91,13 +91,14 @@ USAGE = "usage: python -m harness.schedule JUNIT.xml DEST.json 'which run (host,
 def _main(argv: list[str]) -> int:
     from .atomic import write_errors, write_failure
     from .exitcodes import CLIError
-    from .input_checks import input_file, output_file
+    from .input_checks import input_file, not_an_input, output_file
 
     if len(argv) != 3:
         raise CLIError(f"{USAGE} (got {len(argv)} argument(s))")
     junit, dest, source = argv
     input_file("JUNIT.xml", junit)
     output_file("DEST.json", dest)
+    not_an_input("DEST.json", dest, junit)
     try:
         durations = junit_durations(junit)
     except (ET.ParseError, ValueError, TypeError, RecursionError) as exc:

@@ -98,6 +98,10 @@ def check_arguments(args) -> None:
     check.integer("--lanes", args.lanes, 1, MAX_LANES)
     if args.cache is not None:
         check.output_dir("--cache", args.cache)
+    root = args.cache or os.environ.get(JIT_CACHE_ENV)
+    if args.pack is not None and root and os.path.realpath(args.pack).startswith(
+            os.path.realpath(root).rstrip(os.sep) + os.sep):
+        raise CLIError(f"--pack {args.pack}: inside the cache root {root} it packs; write it elsewhere")
     for flag, path in (("--report", args.report), ("--pack", args.pack)):
         if path is not None:
             check.output_file(flag, path)

@@ -105,6 +105,8 @@ _VALIDATED: dict = {}
 
 def validate_args(command: str, args) -> None:
     """CLIError (exit 2) for arguments no machine could run, before asking for a GPU."""
+    import os
+
     from harness import input_checks as check
 
     report = getattr(args, "report", None)
@@ -112,6 +114,8 @@ def validate_args(command: str, args) -> None:
         check.output_file("--report", report)
     if command == "compare_command":
         check.checkpoint(args.ckpt)
+        if report is not None and os.path.isdir(args.ckpt):
+            check.not_an_input("--report", report, args.ckpt)
         if getattr(args, "tp", 1) < 1:
             raise CLIError("--tp must be >= 1")
         if args.steps < 1:

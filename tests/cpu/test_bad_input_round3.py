@@ -347,6 +347,20 @@ def test_a_lying_shard_header_names_its_tensor(tiny_ckpt, tmp_path, capsys, gpu_
     _one_line(_run(capsys, "compare", d), 2, name, "dtype")
 
 
+def test_an_output_never_replaces_an_input(tiny_ckpt, tmp_path, capsys, gpu_host):
+    from harness import schedule
+
+    d = _copy(tiny_ckpt, tmp_path / "ck")
+    good = _good_report(tmp_path)
+    before = _tree(tmp_path)
+    _one_line(_run(capsys, "reference", d, "--out", d / "model-00001-of-00002.safetensors"), 2, "would replace")
+    _one_line(_run(capsys, "compare", d, "--report", d / "config.json"), 2, "would replace")
+    _one_line(_run(capsys, "report", good, "--plot", good), 2, "--plot", "would replace")
+    _one_line(_run(capsys, "warmup", "--cache", tmp_path, "--pack", tmp_path / "jit.tar.gz"), 2, "--pack")
+    _one_line(_run(capsys, good, good, "r", main=schedule.main), 2, "would replace")
+    assert _tree(tmp_path) == before
+
+
 def test_report_files_that_are_hostile(tmp_path, capsys):
     deep = tmp_path / "deep.json"
     deep.write_text(_deep(100_000))
