@@ -120,8 +120,8 @@ def replaceable_dir(flag: str, path) -> None:
     real = os.path.realpath(os.fspath(path))
     cwd = os.path.realpath(os.getcwd())
     if real == os.sep or cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
-        raise CLIError(f"{flag} {os.fspath(path)}: is {'/' if real == os.sep else 'the current directory or above it'}; "
-                       "give a new or dedicated directory")
+        where = "/" if real == os.sep else "the current directory or above it"
+        raise CLIError(f"{flag} {os.fspath(path)}: is {where}; give a new or dedicated directory")
 
 
 def not_an_input(flag: str, out, *inputs) -> None:

@@ -70,7 +70,8 @@ def read_report(path: str | Path) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read the report: {getattr(exc, 'strerror', None) or exc}") from exc
     except (ValueError, RecursionError) as exc:  # bad JSON, a number past Python's digit limit, deep nesting
-        raise ValueError(f"{path}: not a JSON report ({exc.__class__.__name__}: {(str(exc).splitlines() or [''])[0][:200]})") from exc
+        why = (str(exc).splitlines() or [""])[0][:200]
+        raise ValueError(f"{path}: not a JSON report ({exc.__class__.__name__}: {why})") from exc
     cases = doc.get("cases") if isinstance(doc, dict) else None
     if not isinstance(cases, dict) or not all(
             isinstance(c, dict) and isinstance(c.get("components"), list) for c in cases.values()):

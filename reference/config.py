@@ -155,8 +155,8 @@ def _check_rope_types(params: dict, hf: dict) -> None:
         if params.get(k) is not None:
             number(f"rope_parameters.{k}", params[k], k in _ROPE_INT_KEYS)
     kind = params.get("rope_type", params.get("type"))
-    read_with_a_default = ("beta_fast", "beta_slow") + (("mscale", "mscale_all_dim") if kind not in (None, "default", "yarn")
-                                                       else ())
+    deepseek = kind not in (None, "default", "yarn")
+    read_with_a_default = ("beta_fast", "beta_slow") + (("mscale", "mscale_all_dim") if deepseek else ())
     for k in read_with_a_default:  # get(k, default) returns a null as is: float(None) in vLLM too
         if k in params and params[k] is None:
             raise ConfigError(f"rope_parameters.{k} is null; give a number or leave the key out")
