@@ -44,7 +44,9 @@ def _load_case_inputs(args):
 # 24 GiB machine, and no run takes minutes by mistake
 MAX_STEPS = 32          # draft steps K (vLLM's MTP drafts a handful)
 MAX_REQUESTS = 256
-MAX_CASE_TOKENS = 32768  # requests x tokens: the reference keeps several float64 activations per token
+MAX_CASE_TOKENS = 16384  # requests x tokens: minutes of float64 reference on a CPU at most
+MAX_CASE_ELEMENTS = 2 ** 24  # requests x tokens x hidden_size: 128 MiB per float64 activation, of which
+                             # the trace keeps dozens (a 24 GiB machine stays well inside)
 MAX_SIM_TP = 64
 
 
@@ -73,14 +75,19 @@ def _check_reference_args(args) -> None:
             hf = preset(args.ckpt.split(":", 1)[1])
         except KeyError as exc:
             raise CLIError(str(exc.args[0])) from exc
-        _check_tokens_fit(args.tokens, hf, args.ckpt)
+        _check_case_size(args, hf)
 
 
-def _check_tokens_fit(tokens: int, hf: dict, what: str) -> None:
-    """--tokens within the model's max_position_embeddings (RoPE positions beyond it are not the model's)."""
+def _check_case_size(args, hf: dict) -> None:
+    """--tokens within the model's max_position_embeddings (RoPE positions beyond it are not the
+    model's), and the case's float64 activations within ``MAX_CASE_ELEMENTS``."""
     limit = hf.get("max_position_embeddings")
-    if isinstance(limit, int) and tokens > limit:
-        raise CLIError(f"--tokens {tokens}: more than {what}'s max_position_embeddings {limit}")
+    if isinstance(limit, int) and args.tokens > limit:
+        raise CLIError(f"--tokens {args.tokens}: more than {args.ckpt}'s max_position_embeddings {limit}")
+    hidden = hf.get("hidden_size")
+    if isinstance(hidden, int) and args.requests * args.tokens * hidden > MAX_CASE_ELEMENTS:
+        raise CLIError(f"--requests {args.requests} x --tokens {args.tokens} x hidden_size {hidden} of {args.ckpt}: "
+                       f"more than {MAX_CASE_ELEMENTS} (2**24) float64 elements per activation")
 
 
 def cmd_reference(args) -> int:
@@ -93,7 +100,7 @@ def cmd_reference(args) -> int:
     out = Path(args.out)
     num = numerics_by_name(args.dtype)
     hf, cfg, weights = _load_case_inputs(args)
-    _check_tokens_fit(args.tokens, hf, args.ckpt)
+    _check_case_size(args, hf)
     from reference.tp import check_divisible
 
     try:

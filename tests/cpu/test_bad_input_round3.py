@@ -565,6 +565,7 @@ def test_leftovers_of_dead_runs_are_cleaned(tmp_path):
     (["reference", "preset:tiny", "--requests", "1000000000"], "--requests"),
     (["reference", "preset:tiny", "--tokens", "100000000"], "--tokens"),
     (["reference", "preset:tiny", "--tokens", "8200", "--requests", "1"], "max_position_embeddings 8192"),
+    (["reference", "preset:real-dims", "--tokens", "4096", "--requests", "2"], "hidden_size 2816"),
     (["reference", "preset:tiny", "--steps", "100000"], "--steps"),
     (["reference", "preset:tiny", "--tp", "100000"], "--tp"),
     (["synth", "{tmp}/ck", "--mtp-layers", "100000"], "--mtp-layers"),
@@ -578,7 +579,7 @@ def test_counts_are_bounded_above(argv, culprit, tmp_path, capsys, gpu_host):
     if argv[0] == "reference":
         argv += ["--out", str(tmp_path / "t.safetensors")]
     line = _one_line(_run(capsys, *argv), 2, culprit)
-    assert ".." in line or "<=" in line or "max_position_embeddings" in line  # the bound is stated
+    assert ".." in line or "<=" in line or "max_position_embeddings" in line or "2**24" in line  # the bound
     assert list(tmp_path.iterdir()) == []
 
 
