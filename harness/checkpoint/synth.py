@@ -246,6 +246,26 @@ def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[s
     return write_tensors(out_dir, hf, tensors, shards=shards, index=index, force=force)
 
 
+# the canonical weights are drawn in float64 before they are cast for the checkpoint: their
+# elements bound what a synthetic checkpoint may hold (16 GiB of float64; real-dims with one MTP
+# layer is 1.8 G elements)
+MAX_WEIGHT_ELEMENTS = 2 ** 31
+
+
+def _check_size(cfg: MTPConfig, args) -> None:
+    """ValueError (exit 2) naming the flags when the weights would not fit ``MAX_WEIGHT_ELEMENTS``."""
+    import math
+
+    from reference.weights import shapes
+
+    n = sum(math.prod(s) for s in shapes(cfg).values())
+    if n > MAX_WEIGHT_ELEMENTS:
+        raise ValueError(f"--preset {args.preset} --mtp-layers {args.mtp_layers}"
+                         + (f" --vocab-size {args.vocab_size}" if args.vocab_size is not None else "")
+                         + f": {n} float64 weight elements ({n * 8 / 2 ** 30:.1f} GiB), more than "
+                         f"{MAX_WEIGHT_ELEMENTS} (2**31, 16 GiB); use fewer MTP layers or a smaller preset")
+
+
 def synth_command(args) -> int:
     overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
     try:
@@ -253,6 +273,7 @@ def synth_command(args) -> int:
                           dense_mlp=args.dense_mlp, headwise_gate=args.headwise_gate,
                           no_sink=args.no_sink, **overrides)
         cfg = MTPConfig.from_hf_dict(hf)
+        _check_size(cfg, args)
         if args.naming == "layers" and cfg.num_mtp_layers > max(cfg.num_nextn_predict_layers - 1, 1):
             print("warning: vLLM 0.33 reads model.layers.<N+i> MTP tensors only for "
                   "i < max(num_nextn_predict_layers - 1, 1); use --naming mtp_layers for "
