@@ -338,7 +338,7 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
         raise CheckpointError(root, None, "is not a directory")
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
-        raise CheckpointError(cfg_path, None, "missing")
+        raise CheckpointError(cfg_path, None, "is not a regular file" if os.path.lexists(cfg_path) else "missing")
     hf = _load_json(cfg_path, "config.json")
     if not isinstance(hf, dict):
         raise CheckpointError(cfg_path, None, "is not a JSON object")
