@@ -114,11 +114,27 @@ def pytest_report_header(config):
     return config.stash.get(_WORKERS_KEY, None)
 
 
+def _check_environment(config) -> None:
+    """The documented variables (``harness.input_checks.ENVIRONMENT``) and --hypothesis-profile-name:
+    a bad value is one ``ERROR:`` line (a usage error), not an INTERNALERROR traceback."""
+    from harness.exitcodes import CLIError
+    from harness.input_checks import HYPOTHESIS_PROFILES, environment
+
+    try:
+        environment()  # every one the README documents (the GPU tests read the engine's too)
+    except CLIError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    name = config.getoption("--hypothesis-profile-name")
+    if name is not None and name not in HYPOTHESIS_PROFILES:
+        raise pytest.UsageError(f"--hypothesis-profile-name {name!r}: must be one of {', '.join(HYPOTHESIS_PROFILES)}")
+
+
 def pytest_configure(config):
     _tune_a_cpu_host_process(config)
     if config.getoption("--update-goldens") and ci_is_set():
         raise pytest.UsageError(f"--update-goldens is refused when CI is set (CI={os.environ.get('CI')!r}): "
                                 "goldens are regenerated on purpose, by a person")
+    _check_environment(config)
     apply_jit_cache()  # $HYV4_JIT_CACHE: the GPU stack's JIT caches under one root (harness warmup fills it)
     if hasattr(config, "workerinput"):
         _share_the_host(config.workerinput)

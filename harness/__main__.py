@@ -18,9 +18,15 @@ defer_gc()  # the program's start-up only (not where a test calls cli.main): run
 from . import model_info  # noqa: E402
 from .cli import main  # noqa: E402
 
-code = main()
 try:
-    model_info.stop()  # the one exit hook of this package (a background inspection still running)
+    code = main()
+except KeyboardInterrupt:  # Ctrl-C before a command's guard was up (start-up): one line, as inside it
+    print("interrupted (SIGINT): nothing half-written is left", file=sys.stderr)
+    code = 130
+try:
+    model_info.stop()  # the exit hooks of this package: a background inspection still running,
+    from .runtime import remove_process_temp_dir
+    remove_process_temp_dir()  # and the vLLM model directories this process wrote
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -24,14 +24,14 @@ def _load_case_inputs(args):
 
     from .presets import preset
 
-    if args.ckpt and args.ckpt not in ("-",) and not args.ckpt.startswith("preset:"):
+    if not args.ckpt.startswith("preset:"):
         try:
             from .checkpoint.loader import load_checkpoint
         except ImportError as exc:  # the loader lands with the checkpoint issue
             raise CLIError(f"checkpoint loading is not available: {exc}") from exc
         loaded = load_checkpoint(args.ckpt)
         return loaded.hf_config, loaded.cfg, loaded.weights
-    name = args.ckpt.split(":", 1)[1] if args.ckpt and args.ckpt.startswith("preset:") else "tiny"
+    name = args.ckpt.split(":", 1)[1]
     try:
         hf = preset(name)
     except KeyError as exc:
@@ -40,20 +40,54 @@ def _load_case_inputs(args):
     return hf, cfg, random_weights(cfg, args.seed)
 
 
+# Upper bounds of the counts: what the float64 reference holds in memory stays well inside a
+# 24 GiB machine, and no run takes minutes by mistake
+MAX_STEPS = 32          # draft steps K (vLLM's MTP drafts a handful)
+MAX_REQUESTS = 256
+MAX_CASE_TOKENS = 16384  # requests x tokens: minutes of float64 reference on a CPU at most
+MAX_CASE_ELEMENTS = 2 ** 24  # requests x tokens x hidden_size: 128 MiB per float64 activation, of which
+                             # the trace keeps dozens (a 24 GiB machine stays well inside)
+MAX_SIM_TP = 64
+
+
 def _check_reference_args(args) -> None:
     """``reference``'s bad input, before torch is imported or a device is asked about (exit 2
-    on any machine, in a fraction of a second): the counts, --out, and a preset's name."""
+    on any machine, in a fraction of a second): the checkpoint argument, the counts and their
+    bounds, the seed, --out, and a preset's name (with its max_position_embeddings)."""
+    from . import input_checks as check
+
+    check.checkpoint(args.ckpt)
     if args.steps < 1 or args.requests < 1 or args.tokens < 1 or args.tp < 1:
         raise CLIError("--steps, --requests, --tokens and --tp must be >= 1")
-    if Path(args.out).is_dir():
-        raise CLIError(f"--out {args.out}: is a directory; give a .safetensors file path")
-    if args.ckpt and args.ckpt.startswith("preset:"):
+    check.integer("--steps", args.steps, 1, MAX_STEPS)
+    check.integer("--requests", args.requests, 1, MAX_REQUESTS)
+    check.integer("--tp", args.tp, 1, MAX_SIM_TP)
+    check.integer("--tokens", args.tokens, 1, MAX_CASE_TOKENS // args.requests,
+                  f"--requests {args.requests} x --tokens must be <= {MAX_CASE_TOKENS}")
+    check.seed("--seed", args.seed)
+    check.output_file("--out", args.out)
+    if not args.ckpt.startswith("preset:"):
+        check.not_an_input("--out", args.out, args.ckpt)
+    if args.ckpt.startswith("preset:"):
         from .presets import preset
 
         try:
-            preset(args.ckpt.split(":", 1)[1])
+            hf = preset(args.ckpt.split(":", 1)[1])
         except KeyError as exc:
             raise CLIError(str(exc.args[0])) from exc
+        _check_case_size(args, hf)
+
+
+def _check_case_size(args, hf: dict) -> None:
+    """--tokens within the model's max_position_embeddings (RoPE positions beyond it are not the
+    model's), and the case's float64 activations within ``MAX_CASE_ELEMENTS``."""
+    limit = hf.get("max_position_embeddings")
+    if isinstance(limit, int) and args.tokens > limit:
+        raise CLIError(f"--tokens {args.tokens}: more than {args.ckpt}'s max_position_embeddings {limit}")
+    hidden = hf.get("hidden_size")
+    if isinstance(hidden, int) and args.requests * args.tokens * hidden > MAX_CASE_ELEMENTS:
+        raise CLIError(f"--requests {args.requests} x --tokens {args.tokens} x hidden_size {hidden} of {args.ckpt}: "
+                       f"more than {MAX_CASE_ELEMENTS} (2**24) float64 elements per activation")
 
 
 def cmd_reference(args) -> int:
@@ -63,19 +97,20 @@ def cmd_reference(args) -> int:
 
     from reference import draft, flatten, make_case, numerics_by_name
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        from .exitcodes import CannotJudge
-
-        raise CannotJudge("--device cuda: no CUDA device here")
     out = Path(args.out)
     num = numerics_by_name(args.dtype)
     hf, cfg, weights = _load_case_inputs(args)
+    _check_case_size(args, hf)
     from reference.tp import check_divisible
 
     try:
         check_divisible(cfg, args.tp)
     except ValueError as exc:
         raise CLIError(f"--tp {args.tp}: {exc}") from exc
+    if args.device == "cuda" and not torch.cuda.is_available():  # asked once the input is known good
+        from .exitcodes import CannotJudge
+
+        raise CannotJudge("--device cuda: no CUDA device here")
     first = make_case(cfg, args.seed, args.requests, args.tokens).to(args.device)
     weights = {k: v.to(args.device) for k, v in weights.items()}
     t0 = time.perf_counter()
@@ -94,7 +129,33 @@ def cmd_reference(args) -> int:
     return EXIT_OK
 
 
+# synth's bounds: the embedding and the LM head are built in float64 (vocab x hidden each)
+MAX_MTP_LAYERS = 16
+MAX_VOCAB_ELEMENTS = 2 ** 27  # 1 GiB per float64 table
+MAX_SHARDS = 1000
+
+
+def _check_synth_args(args) -> None:
+    """``synth``'s bad input before torch is imported: OUT_DIR, the bounded counts, the seed."""
+    from . import input_checks as check
+    from .presets import preset
+
+    check.replaceable_dir("OUT_DIR", args.out_dir)
+    out = Path(args.out_dir)
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise CLIError(f"{out}: directory is not empty (use --force to replace it)")
+    check.integer("--mtp-layers", args.mtp_layers, 1, MAX_MTP_LAYERS, "num_nextn_predict_layers")
+    check.integer("--shards", args.shards, 1, MAX_SHARDS)
+    check.seed("--seed", args.seed)
+    if args.vocab_size is not None:
+        hidden = preset(args.preset)["hidden_size"]
+        check.integer("--vocab-size", args.vocab_size, 1, MAX_VOCAB_ELEMENTS // hidden,
+                      f"vocab_size x hidden_size {hidden} of preset {args.preset} <= 2**27: the float64 "
+                      "embedding and LM head")
+
+
 def cmd_synth(args) -> int:
+    _check_synth_args(args)
     from .checkpoint.synth import synth_command
 
     return synth_command(args)
@@ -149,12 +210,16 @@ def cmd_main_job(args) -> int:
 def cmd_report(args) -> int:
     from .report import diff, format_table, plot, read_report
 
-    if args.plot:  # checked before anything is printed: a bad --plot is bad input
-        target = Path(args.plot)
-        if target.is_dir():
-            raise CLIError(f"--plot {target}: is a directory; give a .png file path")
-        if not target.parent.is_dir():
-            raise CLIError(f"--plot {target}: directory {target.parent} does not exist")
+    from . import input_checks as check
+
+    check.input_file("A.json", args.a)
+    if args.b is not None:
+        check.input_file("B.json", args.b)
+    if args.plot is not None:  # checked before anything is printed: a bad --plot is bad input
+        check.output_file("--plot", args.plot)
+        check.not_an_input("--plot", args.plot, args.a, args.b)
+        if not Path(args.plot).parent.is_dir():
+            raise CLIError(f"--plot {args.plot}: directory {Path(args.plot).parent} does not exist")
     # a ratio of two errors: below 1 every error would count as moved, NaN/inf none
     if not (1 <= args.factor < float("inf")):
         raise CLIError(f"--factor {args.factor}: must be a finite number >= 1")
@@ -185,6 +250,12 @@ def cmd_bisect_check(args) -> int:
 
 
 def cmd_mutants(args) -> int:
+    from . import input_checks as check
+
+    if args.report is not None:
+        check.output_file("--report", args.report)
+    if args.budget_s is not None and not (0 < args.budget_s < float("inf")):
+        raise CLIError(f"--budget-s {args.budget_s}: must be a finite number of seconds > 0")
     from .mutants import mutants_command
 
     return mutants_command(args)
@@ -285,9 +356,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every error is one line and a contract exit code (``harness.exitcodes``)."""
+    import sys
+
     from .exitcodes import run_guarded
+    from .input_checks import environment
     from .runtime import apply_jit_cache, precompile_bytecode
 
+    # the documented environment variables first: $HYV4_JIT_CACHE is used just below
+    code = run_guarded(environment, debug="--debug" in (sys.argv[1:] if argv is None else argv))
+    if code:
+        return code
     # $HYV4_JIT_CACHE: every JIT layer under one root, before torch is first imported (the
     # parser imports it): a module imported earlier never reads the bytecode cached there
     apply_jit_cache()

@@ -9,6 +9,8 @@
     125  cannot judge: no GPU, no vLLM, a missing kernel, a crash inside vLLM
          that is not a load problem, or an error the harness did not anticipate
          (``git bisect run`` skips the commit)
+    130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: ``interrupted`` in one line, the
+         temp files of the write in progress removed (``harness.atomic``)
 
 Every command reports an error as exactly one line (``error: ...`` for 2,
 ``vLLM load failed: ...`` for 1, ``cannot judge: ...`` for 125); ``--debug``
@@ -19,10 +21,13 @@ adds the traceback. ``harness.cli``, ``harness.production.compare_cli``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_CANNOT_JUDGE = 0, 1, 2, 125
+# a signal ended the command (128 + the signal's number, as a shell reports it)
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 # A load failure lists every unloaded parameter; the one line names the first
 # few (enough to act on) and counts the rest.
@@ -35,6 +40,38 @@ class CLIError(Exception):
 
 class CannotJudge(Exception):
     """The harness cannot reach a verdict here (exit 125); the message says why."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is (like ``KeyboardInterrupt`` for SIGINT) so that
+    every ``finally`` runs: the atomic writer removes its temp file or directory."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def signals_as_exceptions():
+    """While the block runs (in the main thread), SIGTERM raises ``Terminated`` and SIGINT
+    ``KeyboardInterrupt``; the previous handlers come back afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    # a signal the parent set to be ignored (nohup, a background job) stays ignored
+    if previous[signal.SIGTERM] is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    if previous[signal.SIGINT] is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -118,9 +155,18 @@ def run_guarded(fn, *args, debug: bool = False) -> int:
     """``fn(*args)`` as an exit code: its return value, or the code of what it raised.
 
     A return value outside the contract (a bug: None, a child's signal code) is 125,
-    never 0 ("good") or 1 ("bad")."""
+    never 0 ("good") or 1 ("bad"). SIGINT is ``interrupted`` in one line and 130, SIGTERM
+    the same and 143 (``signals_as_exceptions``: what was being written is removed first)."""
     try:
-        code = fn(*args)
+        with signals_as_exceptions():
+            code = fn(*args)
+    except (KeyboardInterrupt, Terminated) as exc:
+        if debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        term = isinstance(exc, Terminated)
+        print(f"interrupted ({'SIGTERM' if term else 'SIGINT'}): nothing half-written is left", file=sys.stderr,
+              flush=True)
+        return EXIT_SIGTERM if term else EXIT_SIGINT
     except Exception as exc:  # noqa: BLE001 - every error becomes one line and a contract code
         return report(exc, debug=debug)
     if code not in (EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_CANNOT_JUDGE):

@@ -53,8 +53,8 @@ def read_manifest(root: Path = ROOT) -> dict:
         return {"cases": {}}
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GoldenError(f"{path}: not a readable JSON manifest ({exc})") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise GoldenError(f"{path}: not a readable JSON manifest ({exc.__class__.__name__})") from exc
     cases = doc.get("cases") if isinstance(doc, dict) else None
     if not isinstance(cases, dict) or not all(isinstance(e, dict) for e in cases.values()):
         raise GoldenError(f"{path}: not a goldens manifest (needs \"cases\": an object of case entries)")
@@ -98,6 +98,9 @@ def load(kind: str, case_id: str, root: Path = ROOT) -> tuple[dict, dict]:
     entry = read_manifest(root)["cases"].get(key)
     path = root / kind / f"{case_id}.safetensors"
     if entry is None:
+        env = os.environ.get("HYV4_GOLDENS_ROOT")
+        if env and root == ROOT and not (root / MANIFEST).is_file():  # a mistyped root, not a missing golden
+            raise GoldenError(f"$HYV4_GOLDENS_ROOT {env}: no {MANIFEST} there (not a goldens tree)")
         raise GoldenError(f"no golden {key} in {root / MANIFEST}: record it with --update-goldens (on purpose)")
     if not path.exists():
         raise GoldenError(f"golden file {path} is missing (listed in the manifest)")

@@ -74,7 +74,7 @@ def done_for(key: str | None) -> bool:
     try:
         with open(_marker_path()) as f:
             return key is not None and json.load(f).get("key") == key
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 

@@ -35,6 +35,29 @@ _COMPONENT_FIELDS = {"name": (str,), "passed": (bool,), "max_abs": (int, float),
                      "similarity_gap": (int, float)}
 
 
+def _fits_a_float(v) -> bool:
+    """An int the table can print (a 401-digit one overflows a float)."""
+    try:
+        float(v)
+    except (OverflowError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _printable(text: str) -> bool:
+    """Encodable as UTF-8 (JSON's ``\\udcff`` escapes decode to lone surrogates, which are not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _short(v) -> str:
+    text = repr(v) if not isinstance(v, int) or v.bit_length() < 200 else f"an int of {len(str(v))} digits"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def read_report(path: str | Path) -> dict:
     """The report at ``path``; ValueError naming the file (and the case/component/field) otherwise."""
     path = Path(path)
@@ -46,26 +69,34 @@ def read_report(path: str | Path) -> dict:
         raise ValueError(f"{path}: no such report") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read the report: {getattr(exc, 'strerror', None) or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not a JSON report ({exc})") from exc
+    except (ValueError, RecursionError) as exc:  # bad JSON, a number past Python's digit limit, deep nesting
+        why = (str(exc).splitlines() or [""])[0][:200]
+        raise ValueError(f"{path}: not a JSON report ({exc.__class__.__name__}: {why})") from exc
     cases = doc.get("cases") if isinstance(doc, dict) else None
     if not isinstance(cases, dict) or not all(
             isinstance(c, dict) and isinstance(c.get("components"), list) for c in cases.values()):
         raise ValueError(f"{path}: not a harness report ('cases' must map case ids to reports with 'components')")
     for cid, rep in cases.items():
+        if not _printable(cid):
+            raise ValueError(f"{path}: case id {_short(cid)} is not text (a lone surrogate)")
         for j, c in enumerate(rep["components"]):
             if not isinstance(c, dict):
                 raise ValueError(f"{path}: case {cid!r} component {j}: not an object")
+            if isinstance(c.get("name"), str) and not _printable(c["name"]):
+                raise ValueError(f"{path}: case {cid!r} component {j}: name {_short(c['name'])} is not text "
+                                 "(a lone surrogate)")
             for field, types in _COMPONENT_FIELDS.items():
                 v = c.get(field)
-                if not isinstance(v, types) or (bool in types) != isinstance(v, bool):
+                if not isinstance(v, types) or (bool in types) != isinstance(v, bool) or (
+                        float in types and not _fits_a_float(v)):
                     raise ValueError(f"{path}: case {cid!r} component {c.get('name', j)!r}: field {field!r} "
-                                     f"is {v!r}, expected {' or '.join(t.__name__ for t in types)}")
+                                     f"is {_short(v)}, expected {' or '.join(t.__name__ for t in types)}"
+                                     + (" within a float's range" if float in types else ""))
             tol = c.get("tolerance")
             if tol is not None and not (isinstance(tol, dict) and all(
                     isinstance(tol.get(k, 0), (int, float)) and not isinstance(tol.get(k, 0), bool)
-                    for k in ("atol", "rtol"))):
-                raise ValueError(f"{path}: case {cid!r} component {c['name']!r}: field 'tolerance' is {tol!r}")
+                    and _fits_a_float(tol.get(k, 0)) for k in ("atol", "rtol"))):
+                raise ValueError(f"{path}: case {cid!r} component {c['name']!r}: field 'tolerance' is {_short(tol)}")
     return doc
 
 
@@ -89,7 +120,8 @@ def _dataflow_key(key: tuple[str, str]) -> tuple:
     case, name = key
     step, _, comp = name.partition(".")
     order = COMPONENTS.index(comp) if comp in COMPONENTS else len(COMPONENTS)
-    return case, int(step[4:]) if step[4:].isdigit() else -1, order, name
+    k = step[4:]
+    return case, int(k) if k.isdigit() and len(k) <= 18 else -1, order, name
 
 
 def diff(a: dict, b: dict, factor: float = 2.0) -> list[str]:

@@ -59,6 +59,49 @@ def reference_device() -> str:
         return "cpu"
 
 
+PROCESS_TEMP_PREFIX = "hyv4-mtp-"  # + this process's pid: the vLLM model directories it writes
+_process_temp: list[tuple[int, str]] = []  # (the pid that made it, its path)
+
+
+def process_temp_dir() -> str:
+    """This process's folder under the system temp directory (``hyv4-mtp-<pid>``): vLLM reads its
+    model directories (a config.json each) from it for as long as an engine lives. Removed when the
+    process ends (``remove_process_temp_dir``: at exit, and by the entry points that skip exit
+    hooks); a folder of a process that is gone (killed) is removed the next time one is made."""
+    import atexit
+    import os
+    import re
+    import shutil
+    import tempfile
+
+    if _process_temp and _process_temp[0][0] == os.getpid():
+        return _process_temp[0][1]
+    _process_temp.clear()  # a forked child makes its own (the parent's is the parent's to remove)
+    base = tempfile.gettempdir()
+    from .atomic import pid_alive
+
+    for entry in os.listdir(base):
+        m = re.fullmatch(re.escape(PROCESS_TEMP_PREFIX) + r"(\d+)", entry)
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+    path = os.path.join(base, f"{PROCESS_TEMP_PREFIX}{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    _process_temp.append((os.getpid(), path))
+    atexit.register(remove_process_temp_dir)
+    return path
+
+
+def remove_process_temp_dir() -> None:
+    """Remove this process's temp folder (``process_temp_dir``); a forked child leaves its parent's."""
+    import os
+    import shutil
+
+    while _process_temp:
+        pid, path = _process_temp.pop()
+        if pid == os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 JIT_CACHE_ENV = "HYV4_JIT_CACHE"
 
 # Where each JIT layer of the GPU stack keeps what it compiled, relative to one cache root.
@@ -216,7 +259,7 @@ def memoize_packages_distributions(directory: str) -> None:
                 doc = json.load(f)
             if isinstance(doc, dict) and all(isinstance(v, list) for v in doc.values()):
                 return doc
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             pass
         answer = compute()
         try:
@@ -268,7 +311,7 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
     try:
         with open(marker) as f:
             done = dict(json.load(f))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, RecursionError):
         done = {}
     todo = []
     for name in packages:

@@ -53,7 +53,7 @@ def load_durations(path: str) -> dict[str, float]:
         with open(path) as f:
             data = json.load(f)
         return {str(k): float(v) for k, v in data.get("seconds", {}).items()}
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError, AttributeError, TypeError, OverflowError, RecursionError):
         return {}
 
 
@@ -70,7 +70,10 @@ def junit_durations(junit_xml: str) -> dict[str, float]:
         parts = cls.split(".")
         mod = next((j for j in range(len(parts), 0, -1) if parts[j - 1].startswith("test_")), len(parts))
         nodeid = "/".join(parts[:mod]) + ".py::" + "::".join(parts[mod:] + [name])
-        out[nodeid] = round(float(tc.get("time", 0.0)), 1)
+        secs = float(tc.get("time", 0.0))
+        if not 0 <= secs < float("inf"):
+            raise ValueError(f"testcase {nodeid}: time {tc.get('time')!r} is not a finite number of seconds >= 0")
+        out[nodeid] = round(secs, 1)
     return out
 
 
@@ -82,16 +85,46 @@ def record(junit_xml: str, dest: str, source: str) -> None:
                       indent=1)
 
 
+USAGE = "usage: python -m harness.schedule JUNIT.xml DEST.json 'which run (host, commit)'"
+
+
+def _main(argv: list[str]) -> int:
+    from .atomic import write_errors, write_failure
+    from .exitcodes import CLIError
+    from .input_checks import input_file, not_an_input, output_file
+
+    if len(argv) != 3:
+        raise CLIError(f"{USAGE} (got {len(argv)} argument(s))")
+    junit, dest, source = argv
+    input_file("JUNIT.xml", junit)
+    output_file("DEST.json", dest)
+    not_an_input("DEST.json", dest, junit)
+    try:
+        durations = junit_durations(junit)
+    except (ET.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise CLIError(f"{junit}: not a pytest JUnit file ({exc.__class__.__name__}: {exc})") from exc
+    except OSError as exc:
+        raise CLIError(f"{junit}: cannot read it: {exc.strerror or exc}") from exc
+    from .atomic import atomic_write_json
+
+    try:
+        atomic_write_json(dest, {"source": source, "seconds": dict(sorted(durations.items()))}, indent=1)
+    except write_errors() as exc:
+        raise write_failure(dest, exc) from exc
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes are ``harness.exitcodes``'s: 0 written, 2 bad input (one line), 125 a full disk."""
+    import sys
+
+    from .exitcodes import run_guarded
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return run_guarded(_main, [a for a in argv if a != "--debug"], debug="--debug" in argv)
+
+
 if __name__ == "__main__":  # python -m harness.schedule JUNIT.xml DEST.json "which run"
     import sys
 
-    if len(sys.argv) != 4 or not os.path.isfile(sys.argv[1]):
-        print("usage: python -m harness.schedule JUNIT.xml DEST.json 'which run (host, commit)'"
-              + (f": no file {sys.argv[1]}" if len(sys.argv) > 1 and not os.path.isfile(sys.argv[1]) else ""),
-              file=sys.stderr)
-        sys.exit(2)  # bad input (harness.exitcodes)
-    try:
-        record(*sys.argv[1:])
-    except (ET.ParseError, ValueError) as exc:
-        print(f"{sys.argv[1]}: not a pytest JUnit file ({exc})", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

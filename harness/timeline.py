@@ -71,21 +71,41 @@ class Recorder:
         self._f.close()
 
 
+def _finite_time(t) -> bool:
+    """A seconds-since-the-epoch value this module can subtract (a 400-digit int is not)."""
+    import math
+
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(t))
+    except OverflowError:
+        return False
+
+
 def summarize(directory: str) -> dict:
     """{"processes": {who: {...}}, "critical": who} from a recorded run: per process, seconds
     from the earliest recorded process start to its start, configure, collection and end; its
     tests, busy seconds (sum of test spans), idle seconds between its first test's start and its
     last finish, and the test it ran last. ``critical`` is the process whose last test finished
     last."""
+    from .exitcodes import CLIError
+
     events = []
     for p in sorted(pathlib.Path(directory).glob("*.jsonl")):
-        for ln in p.read_text().splitlines():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"not UTF-8 text ({exc.reason})" \
+                if isinstance(exc, UnicodeDecodeError) else str(exc)
+            raise CLIError(f"{p}: cannot read it: {why}") from exc
+        for ln in text.splitlines():
             try:
                 e = json.loads(ln)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue  # a line cut by a kill
             if isinstance(e, dict) and isinstance(e.get("who"), str) and isinstance(e.get("event"), str) and (
-                    e.get("t") is None or isinstance(e["t"], (int, float))) and (
+                    e.get("t") is None or _finite_time(e["t"])) and (
                     e["event"] not in ("start", "finish") or isinstance(e.get("nodeid"), str)):
                 events.append(e)  # anything else is not a record of ours
     starts = [e["t"] for e in events if e.get("event") == "process" and e.get("t")]
@@ -129,17 +149,25 @@ def format_summary(summary: dict) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _main(argv: list[str]) -> int:
+    from .exitcodes import CLIError
+
     if len(argv) != 1 or not pathlib.Path(argv[0]).is_dir():
-        print(f"usage: python -m harness.timeline DIR (a directory of <who>.jsonl; got {argv!r})", file=sys.stderr)
-        return 2
+        raise CLIError(f"usage: python -m harness.timeline DIR (a directory of <who>.jsonl; got {argv!r})")
     summary = summarize(argv[0])
     if not summary["processes"]:
-        print(f"harness.timeline: {argv[0]}: no <who>.jsonl events", file=sys.stderr)
-        return 2
+        raise CLIError(f"harness.timeline: {argv[0]}: no <who>.jsonl events")
     print("\n".join(format_summary(summary)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes are ``harness.exitcodes``'s: 0 printed, 2 a bad DIR or file (one line)."""
+    from .exitcodes import run_guarded
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    return run_guarded(_main, [a for a in argv if a != "--debug"], debug=debug)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from . import runtime  # cannot_run_production_reason looked up at call time (tests patch it)
 from .runtime import BYTECODE_VAR, GPU_DEVICE_GLOB, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
 
+MAX_LANES = 64  # parallel compile processes
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
 
 
@@ -92,11 +93,21 @@ def check_arguments(args) -> None:
     for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
         if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
             raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
+    from . import input_checks as check
+
+    check.integer("--lanes", args.lanes, 1, MAX_LANES)
+    if args.cache is not None:
+        check.output_dir("--cache", args.cache)
+    root = args.cache or os.environ.get(JIT_CACHE_ENV)
+    if args.pack is not None and root and os.path.realpath(args.pack).startswith(
+            os.path.realpath(root).rstrip(os.sep) + os.sep):
+        raise CLIError(f"--pack {args.pack}: inside the cache root {root} it packs; write it elsewhere")
     for flag, path in (("--report", args.report), ("--pack", args.pack)):
-        if path:
+        if path is not None:
+            check.output_file(flag, path)
             parent = os.path.dirname(os.path.abspath(path))
-            if os.path.isdir(path) or not os.path.isdir(parent):
-                raise CLIError(f"{flag} {path}: not a writable file path (a directory, or its folder is missing)")
+            if not os.path.isdir(parent):
+                raise CLIError(f"{flag} {path}: not a writable file path (its folder {parent} is missing)")
 
 
 def cache_size(root: str) -> int:
@@ -125,7 +136,7 @@ def read_stamp(root: str) -> dict:
         with open(os.path.join(root, STAMP)) as f:
             stamp = json.load(f)
         return stamp if isinstance(stamp, dict) and isinstance(stamp.get("steps"), dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 

@@ -85,6 +85,7 @@ class RopeConfig:
         if params and all(isinstance(v, dict) for v in params.values()):
             raise ConfigError("rope_parameters nested per layer type is not modelled by the reference "
                               "(HY V4's get_rope reads the top level only)")
+        _check_rope_types(params, hf)
         legacy = params.get("type")
         if "rope_type" in params and legacy is not None and legacy != params["rope_type"]:
             raise ConfigError(f"rope_parameters.rope_type {params['rope_type']!r} conflicts with "
@@ -127,6 +128,45 @@ class RopeConfig:
             kw.update(rope_type="deepseek_yarn", mscale=float(params.get("mscale", 1)),
                       mscale_all_dim=float(params.get("mscale_all_dim", 0)))
         return cls(**kw)
+
+
+# the RoPE keys' JSON types: a list-valued rope_type or a string factor is named, not a TypeError
+_ROPE_STR_KEYS = ("rope_type", "type")
+_ROPE_NUMBER_KEYS = ("factor", "rope_theta", "partial_rotary_factor", "beta_fast", "beta_slow", "mscale",
+                     "mscale_all_dim", "attention_factor")
+_ROPE_INT_KEYS = ("original_max_position_embeddings", "rope_dim")
+_TOP_NUMBER_KEYS = ("rope_theta", "partial_rotary_factor", "rotary_pct", "rotary_emb_fraction")
+
+
+def _check_rope_types(params: dict, hf: dict) -> None:
+    """``ConfigError`` naming the RoPE key whose value has the wrong JSON type (or is not finite)."""
+    import math
+
+    def number(where: str, v, integer: bool) -> None:
+        ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)) or (
+                isinstance(v, int) and abs(v) > 2 ** 53):
+            raise ConfigError(f"{where} {str(v)[:40]!r}: must be a finite {'int' if integer else 'number'}")
+
+    for k in _ROPE_STR_KEYS:
+        if params.get(k) is not None and not isinstance(params[k], str):
+            raise ConfigError(f"rope_parameters.{k} {params[k]!r}: must be a string")
+    for k in _ROPE_NUMBER_KEYS + _ROPE_INT_KEYS:
+        if params.get(k) is not None:
+            number(f"rope_parameters.{k}", params[k], k in _ROPE_INT_KEYS)
+    kind = params.get("rope_type", params.get("type"))
+    deepseek = kind not in (None, "default", "yarn")
+    read_with_a_default = ("beta_fast", "beta_slow") + (("mscale", "mscale_all_dim") if deepseek else ())
+    for k in read_with_a_default:  # get(k, default) returns a null as is: float(None) in vLLM too
+        if k in params and params[k] is None:
+            raise ConfigError(f"rope_parameters.{k} is null; give a number or leave the key out")
+    if params.get("truncate") is not None and not isinstance(params["truncate"], bool):
+        raise ConfigError(f"rope_parameters.truncate {params['truncate']!r}: must be true or false")
+    for k in _TOP_NUMBER_KEYS:
+        if hf.get(k) is not None:
+            number(f"config key {k!r}", hf[k], False)
+    if hf.get("original_max_position_embeddings") is not None:
+        number("config key 'original_max_position_embeddings'", hf["original_max_position_embeddings"], True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ INT_FIELDS: dict[str, int] = {
     "head_dim": 1,
     "num_local_experts": 1,  # HYV4Config.attribute_map alias of n_routed_experts
 }
+INT_MAX = 2 ** 31 - 1  # every int field's upper bound: shapes and indices are int32 in vLLM's kernels
 OPTIONAL_INT_FIELDS = ("pad_token_id", "bos_token_id")
 BOOL_FIELDS = ("use_cache", "tie_word_embeddings", "attention_bias", "norm_topk_prob", "enable_lm_head_fp32",
                "enable_ihc", "gated_mla", "learnable_sink",
@@ -74,7 +75,8 @@ def validate_hf_config(hf) -> None:
         raise ConfigError(f"config.json must be a JSON object, got a JSON {_kind(hf)}")
 
     def bad(key: str, why: str) -> ConfigError:
-        return ConfigError(f"config key {key!r}: {hf[key]!r} {why}")
+        shown = repr(hf[key])
+        return ConfigError(f"config key {key!r}: {shown if len(shown) <= 60 else shown[:57] + '...'} {why}")
 
     for key, low in INT_FIELDS.items():
         if key in hf:
@@ -83,6 +85,9 @@ def validate_hf_config(hf) -> None:
                 raise bad(key, f"{_is_a(v)}; vLLM's HYV4Config (strict) needs an int")
             if v < low:
                 raise bad(key, f"must be >= {low}")
+            if v > INT_MAX:
+                raise ConfigError(f"config key {key!r}: {v if len(str(v)) <= 30 else str(v)[:20] + '...'} "
+                                  f"must be <= {INT_MAX} (vLLM's kernels index with int32)")
     for key in OPTIONAL_INT_FIELDS:
         if key in hf and hf[key] is not None and not _is_int(hf[key]):
             raise bad(key, f"{_is_a(hf[key])}; vLLM's HYV4Config (strict) needs an int or null")
@@ -107,7 +112,7 @@ def validate_hf_config(hf) -> None:
         v = hf[key]
         if not isinstance(v, float):
             raise bad(key, f"{_is_a(v)}; vLLM's HYV4Config (strict) needs a float "
-                      f"(write {float(v)!r})" if _is_int(v) else
+                      f"(write {v}.0)" if _is_int(v) and abs(v) < 10 ** 20 else
                       f"{_is_a(v)}; vLLM's HYV4Config (strict) needs a float")
         if not math.isfinite(v):
             raise bad(key, "must be finite")
@@ -135,5 +140,5 @@ def validate_hf_config(hf) -> None:
         raise bad("mtp_quant_algo", "must be a string or null")
     if "rope_theta" in hf:  # not a HYV4Config field (read from kwargs): any positive finite number
         v = hf["rope_theta"]
-        if not ((_is_int(v) or isinstance(v, float)) and math.isfinite(v) and v > 0):
+        if not ((_is_int(v) and 0 < v < 2 ** 1000) or (isinstance(v, float) and math.isfinite(v) and v > 0)):
             raise bad("rope_theta", "must be a finite number > 0")

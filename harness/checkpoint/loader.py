@@ -26,6 +26,7 @@ import difflib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 import torch
@@ -107,6 +108,7 @@ class _Reader:
             if not path.is_file():
                 raise CheckpointError(self.index_file or path, name,
                                       f"the index maps it to {fname}, which does not exist")
+            _shard_header(path)  # a header that lies about a tensor names that tensor, not the one asked for
             try:
                 self.handles[fname] = safe_open(str(path), framework="pt")
             except Exception as exc:  # noqa: BLE001 - any parse failure is a corrupt file
@@ -138,6 +140,11 @@ class _Reader:
         return self.root / self.where[name]
 
 
+# config.json and the index of a real checkpoint are kilobytes to a few MiB; the trace copies the
+# config into a safetensors header, which safetensors caps at 100 MB
+MAX_JSON_BYTES = 16 << 20
+
+
 def _load_json(path: Path, what: str):
     def no_dupes(pairs):
         seen = {}
@@ -148,11 +155,20 @@ def _load_json(path: Path, what: str):
         return seen
 
     try:
+        st = path.stat()
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
+            raise CheckpointError(path, None, f"{what} is not a regular file")
+        if size > MAX_JSON_BYTES:
+            raise CheckpointError(path, None, f"{what} is {size} bytes, more than any model's "
+                                  f"({MAX_JSON_BYTES >> 20} MiB at most)")
         return json.loads(path.read_text(), object_pairs_hook=no_dupes)
     except CheckpointError:
         raise
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(path, None, f"cannot read {what}: {exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, not UTF-8, a number past Python's digit limit
+        raise CheckpointError(path, None, f"cannot read {what}: {str(exc)[:300]}") from exc
+    except RecursionError as exc:
+        raise CheckpointError(path, None, f"cannot read {what}: nested deeper than a JSON parser follows") from exc
 
 
 def _locate(root: Path, num_hidden_layers: int | None = None) -> tuple[dict[str, str], Path | None]:
@@ -176,6 +192,7 @@ def _locate(root: Path, num_hidden_layers: int | None = None) -> tuple[dict[str,
     if single.is_file():
         from safetensors import safe_open
 
+        _shard_header(single)  # names the tensor whose header entry lies
         try:
             with safe_open(str(single), framework="pt") as f:
                 keys = list(f.keys())
@@ -200,8 +217,12 @@ def _shard_header(path: Path) -> dict:
             hdr = json.loads(fh.read(n))
             spans = {k: (int(v["data_offsets"][0]), int(v["data_offsets"][1]))
                      for k, v in hdr.items() if k != "__metadata__"}
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            raise CheckpointError(path, None, f"not a readable safetensors file (corrupt header: {exc})") from exc
+            entries = {k: v for k, v in hdr.items() if k != "__metadata__"}
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
+            raise CheckpointError(path, None, "not a readable safetensors file (corrupt header: "
+                                  f"{exc.__class__.__name__}: {str(exc)[:200]})") from exc
+    for name, (start, end) in sorted(spans.items()):
+        _check_span(path, name, entries[name], start, end)
     data = size - 8 - n
     for name, (_, end) in sorted(spans.items(), key=lambda kv: -kv[1][1]):
         if end > data:
@@ -209,6 +230,28 @@ def _shard_header(path: Path) -> dict:
                                   f"of the data section, which holds {data} bytes")
         break
     return spans
+
+
+# bytes per element of each safetensors dtype
+_ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _check_span(path: Path, name: str, entry, start: int, end: int) -> None:
+    """The header entry of ``name``: a known dtype, a shape of ints, and a byte span that holds
+    exactly shape x itemsize (a header that lies about a dtype or shape names its tensor)."""
+    dtype, shape = entry.get("dtype"), entry.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise CheckpointError(path, name, f"corrupt header entry: shape {str(shape)[:60]}")
+    if not isinstance(dtype, str) or dtype not in _ST_ITEMSIZE:
+        raise CheckpointError(path, name, f"corrupt header entry: unknown dtype {str(dtype)[:40]!r}")
+    want = _ST_ITEMSIZE[dtype]
+    for d in shape:
+        want *= d
+    if end < start or end - start != want:
+        raise CheckpointError(path, name, f"corrupt header entry: dtype {_st_dtype(dtype)} x shape {shape} is "
+                              f"{want} bytes, but its data span is {end - start} bytes (bytes {start}..{end})")
 
 
 def _check_shard_headers(root: Path, weight_map: dict[str, str], index_file: Path, num_hidden_layers: int) -> None:
@@ -299,7 +342,7 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
         raise CheckpointError(root, None, "is not a directory")
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
-        raise CheckpointError(cfg_path, None, "missing")
+        raise CheckpointError(cfg_path, None, "is not a regular file" if os.path.lexists(cfg_path) else "missing")
     hf = _load_json(cfg_path, "config.json")
     if not isinstance(hf, dict):
         raise CheckpointError(cfg_path, None, "is not a JSON object")

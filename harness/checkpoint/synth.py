@@ -11,7 +11,8 @@ fp32 exceptions vLLM keeps (router weight, expert bias, sink, indexer k_norm).
 
 The checkpoint holds the MTP layers, ``model.embed_tokens.weight`` and
 ``lm_head.weight`` only (no backbone). It is written into ``OUT_DIR.tmp-<pid>``
-and renamed onto OUT_DIR, so a reader never sees half a checkpoint.
+and renamed onto OUT_DIR (``harness.atomic.atomic_write_dir``), so a reader never sees half a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from reference.config import ConfigError, MTPConfig
 from reference.weights import check_weights, is_fp32_param, random_weights
 
-from harness.atomic import write_errors, write_failure
+from harness.atomic import NotRegularFile, atomic_write_dir, write_errors, write_failure
 
 from .errors import CheckpointError
 from .names import canonical_leaf, parse_layer_name, to_checkpoint
@@ -212,16 +212,8 @@ def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch
         raise ValueError("a checkpoint without an index has exactly one shard")
     if index and shards > len(tensors):  # every shard holds at least one tensor: no empty shard files
         raise ValueError(f"--shards {shards}: more shards than the {len(tensors)} tensors to write")
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out}: directory is not empty (use --force to replace it)")
-    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # removed again on failure
-    tmp.mkdir(parents=True)
-    try:
+
+    def fill(tmp: Path) -> None:
         names = sorted(tensors)
         files = _shard_names(shards) if index else ["model.safetensors"]
         buckets: list[dict[str, torch.Tensor]] = [{} for _ in files]
@@ -240,22 +232,8 @@ def write_tensors(out_dir: str | os.PathLike, hf: dict, tensors: dict[str, torch
             (tmp / "model.safetensors.index.json").write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-        if out.is_dir() and any(out.iterdir()):
-            old = out.parent / f"{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)  # an empty directory is replaced too
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in created:  # deepest first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise
-    return out
+
+    return atomic_write_dir(out, fill, replace=force)
 
 
 def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[str, torch.Tensor], *,
@@ -281,6 +259,26 @@ def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[s
     return write_tensors(out_dir, hf, tensors, shards=shards, index=index, force=force)
 
 
+# the canonical weights are drawn in float64 before they are cast for the checkpoint: their
+# elements bound what a synthetic checkpoint may hold (16 GiB of float64; real-dims with one MTP
+# layer is 1.8 G elements)
+MAX_WEIGHT_ELEMENTS = 2 ** 31
+
+
+def _check_size(cfg: MTPConfig, args) -> None:
+    """ValueError (exit 2) naming the flags when the weights would not fit ``MAX_WEIGHT_ELEMENTS``."""
+    import math
+
+    from reference.weights import shapes
+
+    n = sum(math.prod(s) for s in shapes(cfg).values())
+    if n > MAX_WEIGHT_ELEMENTS:
+        raise ValueError(f"--preset {args.preset} --mtp-layers {args.mtp_layers}"
+                         + (f" --vocab-size {args.vocab_size}" if args.vocab_size is not None else "")
+                         + f": {n} float64 weight elements ({n * 8 / 2 ** 30:.1f} GiB), more than "
+                         f"{MAX_WEIGHT_ELEMENTS} (2**31, 16 GiB); use fewer MTP layers or a smaller preset")
+
+
 def synth_command(args) -> int:
     overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
     try:
@@ -288,6 +286,7 @@ def synth_command(args) -> int:
                           dense_mlp=args.dense_mlp, headwise_gate=args.headwise_gate,
                           no_sink=args.no_sink, **overrides)
         cfg = MTPConfig.from_hf_dict(hf)
+        _check_size(cfg, args)
         if args.naming == "layers" and cfg.num_mtp_layers > max(cfg.num_nextn_predict_layers - 1, 1):
             print("warning: vLLM 0.33 reads model.layers.<N+i> MTP tensors only for "
                   "i < max(num_nextn_predict_layers - 1, 1); use --naming mtp_layers for "
@@ -299,6 +298,8 @@ def synth_command(args) -> int:
                               scale_dtype=args.scale_dtype, indexer_wk_fp8=not args.bf16_indexer_wk,
                               index=not args.no_index, force=args.force,
                               bf16_layers=tuple(args.bf16_mtp_layer or ()))
+    except NotRegularFile as exc:
+        raise write_failure(args.out_dir, exc) from exc
     except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

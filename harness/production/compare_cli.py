@@ -36,6 +36,10 @@ DEFAULT_BISECT_CASES = BISECT_CASES
 DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")
 
 
+MAX_TP = 8      # GPUs of one host
+MAX_STEPS = 32  # draft steps K
+
+
 def _case_for(args):
     """The GpuCase ``compare`` runs: a checkpoint directory, preset:NAME (seeded weights) or a GPU case id."""
     import os
@@ -108,15 +112,24 @@ def validate_args(command: str, args) -> None:
     """CLIError (exit 2) for arguments no machine could run, before asking for a GPU."""
     import os
 
+    from harness import input_checks as check
+
     report = getattr(args, "report", None)
-    if report and os.path.isdir(report):
-        raise CLIError(f"--report {report}: is a directory; give a .json file path")
+    if report is not None:
+        check.output_file("--report", report)
     if command == "compare_command":
+        check.checkpoint(args.ckpt)
+        if report is not None and os.path.isdir(args.ckpt):
+            check.not_an_input("--report", report, args.ckpt)
         if getattr(args, "tp", 1) < 1:
             raise CLIError("--tp must be >= 1")
         if args.steps < 1:
             raise CLIError("--steps must be >= 1")
-        _case_for(args)
+        check.integer("--tp", args.tp, 1, MAX_TP, "GPUs of one host")
+        check.integer("--steps", args.steps, 1, MAX_STEPS)
+        check.seed("--seed", args.seed)
+        if isinstance(_case_for(args), str) and args.tp != 1:
+            raise CLIError(f"--tp {args.tp}: applies to side-by-side cases; engine case {args.ckpt} runs at TP = 1")
     elif command == "bisect_command":
         from harness.production.engine.cases import ENGINE_CASES
         from harness.production.cases import GPU_CASES

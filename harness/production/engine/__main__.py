@@ -11,6 +11,8 @@ from harness.production.engine.cli import main  # noqa: E402 - torch and vLLM on
 
 if __name__ == "__main__":
     code = main()
+    from harness.runtime import remove_process_temp_dir
+    remove_process_temp_dir()  # the vLLM model directories (os._exit skips the exit hook that would)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # the report is written: skip the in-process engine's teardown (a hang costs the GPU slot)

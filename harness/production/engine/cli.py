@@ -41,17 +41,21 @@ def main(argv=None) -> int:
     return run_guarded(_main, args, debug=args.debug)
 
 
-def check_out_dir(out: str | None) -> None:
-    from harness.exitcodes import CLIError
+def check_out_dir(out: str | None, flag: str = "--out") -> None:
+    """The report directory: absent (created) or a writable directory (``harness.input_checks``)."""
+    from harness.input_checks import output_dir
 
-    if out and os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {out}: exists and is not a directory")
+    if out is not None:
+        output_dir(flag, out)
 
 
 def _main(args) -> int:
     from harness.exitcodes import EXIT_CANNOT_JUDGE, CLIError
     from harness.production.engine.speculator_mutants import MUTANTS
 
+    from harness.input_checks import environment
+
+    environment()  # $HYV4_SPECULATOR_MUTANT, $HYV4_REPORT_DIR, $HYV4_ENGINE_KV_CACHE_GIB, ... named when bad
     check_out_dir(args.out)
     env_mutant = os.environ.get("HYV4_SPECULATOR_MUTANT") or None
     mutants = args.mutant or ([env_mutant] if env_mutant and not args.sweep else [])
@@ -67,7 +71,9 @@ def _main(args) -> int:
     elif len(mutants) > 1:
         raise CLIError("--mutant given more than once: one engine per planted bug, or --sweep")
     args.mutant = None if args.sweep else (mutants[0] if mutants else None)
-    if args.rejudge:
+    if args.rejudge is not None:
+        if not args.rejudge.strip():
+            raise CLIError("--rejudge is empty; give the directory of the saved recordings")
         if args.sweep:
             raise CLIError("--rejudge and --sweep: choose one")
         from harness.production.engine.run import rejudge_dir

@@ -62,7 +62,7 @@ import traceback
 import torch
 
 from harness.atomic import atomic_write_json
-from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK
+from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, first_line
 from harness.production.engine.cases import ENGINE_CASES, EngineCase
 from harness.production.engine.cli import check_out_dir
 from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
@@ -828,8 +828,8 @@ def _case_failed(title: str, exc: Exception, debug: bool) -> tuple[dict, int]:
 def run_checked(args, mutants) -> int:
     """The engine command once its arguments are checked and production can run here
     (``harness.production.engine.cli``): the sweep, or each case (one process per engine)."""
-    out = args.out or os.environ.get("HYV4_REPORT_DIR")
-    check_out_dir(out)
+    out = args.out or os.environ.get("HYV4_REPORT_DIR") or None
+    check_out_dir(out, "--out" if args.out else "$HYV4_REPORT_DIR")
     if args.sweep:
         try:
             doc = run_mutant_sweep(ENGINE_CASES[args.case[0]], mutants, out=out)
@@ -871,13 +871,27 @@ def case_from_dict(d: dict) -> EngineCase:
     return EngineCase(**d)
 
 
+def _read_recording(stem: str):
+    """(calls, proposals, doc, meta, case) of a saved recording; one that cannot be read
+    (truncated, edited, another format) is bad input: ``CLIError`` naming it (exit 2)."""
+    from harness.exitcodes import CLIError
+
+    try:
+        calls, proposals, doc = load_recording(stem)
+        meta = doc["meta"]
+        return calls, proposals, doc, meta, case_from_dict(meta["case"])
+    except CLIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - json, safetensors (SafetensorError is no OSError), keys
+        raise CLIError(f"{stem}.json / .safetensors: not a readable engine recording: "
+                       f"{exc.__class__.__name__}: {first_line(exc)}") from exc
+
+
 def rejudge(stem: str, *, log=print) -> dict:
     """Replay and judge one saved recording (``<stem>.safetensors`` + ``.json``) on CPU."""
     import reference as R
-    calls, proposals, doc = load_recording(stem)
+    calls, proposals, doc, meta, case = _read_recording(stem)
     targets = doc.get("targets")
-    meta = doc["meta"]
-    case = case_from_dict(meta["case"])
     _hf, _ckpt, weights, _plan = engine_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(_hf)
     rep = {"case": meta["case"], "rejudged_from": stem, "versions": meta.get("versions"),

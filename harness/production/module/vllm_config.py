@@ -16,8 +16,12 @@ BLOCK_SIZE = 64  # FlashMLA sparse pages
 
 
 def write_model_dir(hf_config: dict, root: str | None = None) -> str:
-    """A directory holding only ``config.json`` (no tokenizer: skip_tokenizer_init)."""
-    path = tempfile.mkdtemp(prefix="hyv4-mtp-", dir=root)
+    """A directory holding only ``config.json`` (no tokenizer: skip_tokenizer_init); by default
+    under this process's temp folder (``harness.runtime.process_temp_dir``), which goes when
+    the process ends: vLLM (and an engine's core process) reads it while the engine lives."""
+    from harness.runtime import process_temp_dir
+
+    path = tempfile.mkdtemp(prefix="model-", dir=root or process_temp_dir())
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=1)
     return path
