@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main as cli_main
+from test_exit_contract import _run  # the exit-code tests' one CLI runner (tests/cpu on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,16 +44,6 @@ def gpu_host(monkeypatch):
     monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", must_not_run)
     monkeypatch.setattr(compare_cli, "start_engine_cases", must_not_run)
-
-
-def _run(capsys, *argv, main=cli_main):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    text = out + err
-    return code, [ln for ln in text.splitlines() if ln.strip()], text
 
 
 def _one_line(result, want_code, *culprits):
