@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main as cli_main
 from test_exit_contract import _run  # the exit-code tests' one CLI runner (tests/cpu on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
