@@ -492,8 +492,17 @@ def test_a_signal_mid_write_leaves_nothing(sig, code, word, tmp_path, capsys):
         Path(tmp).write_bytes(b"half")
         os.kill(os.getpid(), sig)
 
-    assert run_guarded(lambda: atomic_write(tmp_path / "deep" / "t.safetensors", killed)) == code
-    assert run_guarded(lambda: atomic_write_dir(tmp_path / "ck", lambda d: killed(d / "config.json"))) == code
+    # a signal this process inherited as ignored (a background job's SIGINT) stays ignored by
+    # design: give the test the dispositions an interactive run has
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        assert run_guarded(lambda: atomic_write(tmp_path / "deep" / "t.safetensors", killed)) == code
+        assert run_guarded(lambda: atomic_write_dir(tmp_path / "ck", lambda d: killed(d / "config.json"))) == code
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
     out, err = capsys.readouterr()
     lines = [ln for ln in (out + err).splitlines() if ln.strip()]
     assert lines == [f"interrupted ({word}): nothing half-written is left"] * 2
@@ -518,7 +527,9 @@ def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
     r = subprocess.run([sys.executable, "-m", "harness.schedule", str(junit), str(tmp_path / "d.json"), "r"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                       # SIGINT as an interactive shell leaves it (a background job inherits it ignored)
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 130 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
     assert r.stderr.strip().splitlines() == ["interrupted (SIGINT): nothing half-written is left"], r.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["j.xml", "sitecustomize.py"]
