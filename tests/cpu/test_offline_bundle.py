@@ -1,9 +1,11 @@
 """tools/offline-bundle: pack, verify, unpack and install, on a fake bundle (no network).
 
-The fake bundle has the real layout (bundle/vllm.tar.xz, bundle/deps/*.whl,
-bundle/install.sh) with stand-in `vllm` and `torch` packages and one trivial wheel, so
-the whole host-side path runs here; only make-bundle.sh's download and strip
-step (pip download from PyPI) is not exercised; its strip step is (strip.sh).
+The fake bundle has the real layout (bundle/vllm.tar.xz, bundle/deps.tar.xz of stored
+wheels, bundle/MANIFEST, bundle/install.sh) with stand-in `vllm` and `torch` packages, two
+trivial wheels and the CuTe DSL's two wheels (the real .pth line, a stand-in `cutlass`),
+so the whole host-side path runs here: the venv install, the .pth taking effect, a delta
+over its base. Only make-bundle.sh's download step (pip download from PyPI) is not
+exercised; its pin, strip and repack steps are (pins.sh, strip.sh, stored-wheel.py).
 """
 
 from __future__ import annotations

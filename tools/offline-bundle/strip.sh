@@ -12,6 +12,8 @@ src=$1 out=$2
 excludes=$(mktemp)
 trap 'rm -f "$excludes" "$out.tmp"' EXIT
 sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$HERE/strip.txt" > "$excludes"
-(cd "$src" && tar --exclude-from="$excludes" -cf - vllm vllm-*.dist-info) | xz -T0 -6 > "$out.tmp"
+# xz -9 (64 MiB dictionary): 0.4 MB smaller than -6 on vLLM 0.34.0, enough to
+# matter where a bundle ends just past a part boundary.
+(cd "$src" && tar --exclude-from="$excludes" -cf - vllm vllm-*.dist-info) | xz -T0 -9 > "$out.tmp"
 mv "$out.tmp" "$out"
 echo "stripped $(wc -l < "$excludes") patterns (strip.txt): $(du -h "$out" | cut -f1) $out"
