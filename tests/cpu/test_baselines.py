@@ -224,13 +224,17 @@ def test_a_case_the_baseline_lacks_is_not_judged(tmp_path, host, capsys):
 def test_checked_in_goldens_are_judged_on_any_vllm_of_their_platform(host, capsys):
     """The checked-in goldens' platform (an H200, as recorded) with another vLLM: judged, and the
     stand-in's numbers are not vLLM's, so they fail, naming the golden's vLLM."""
-    stamp = goldens.read_manifest()["cases"][f"{goldens_gpu.KIND}/tiny-k3-share"]["platform"]
+    entry = goldens.read_manifest()["cases"][f"{goldens_gpu.KIND}/tiny-k3-share"]
+    stamp = entry["platform"]
     host.platform = {k: stamp[k] for k in ("gpu", "torch", "cuda")}
-    host.platform["capability"] = "9.0"
+    host.platform["capability"] = stamp.get("capability", "9.0")
     host.vllm = {"vllm": "0.34.0", "vllm_commit": None}
+    # the golden's own vLLM: in the platform stamp of goldens from before the platform key left it
+    # out, else in recorded_with
+    recorded = (entry.get("recorded_with") or {}).get("vllm") or stamp["vllm"]
     assert _bisect(cases=["tiny-k3-share"]) == 1
     assert [ln for ln in _lines(capsys) if ln.startswith("FAIL golden tiny-k3-share: first divergent ")
-            and ln.endswith(f"(recorded with vLLM {stamp['vllm']})")]
+            and f"(recorded with vLLM {recorded}" in ln]
 
 
 @pytest.mark.parametrize("extra, words", [
