@@ -38,13 +38,16 @@ if [ -n "$changed" ]; then
   echo "vllm-overlay: compiled sources differ from $tag ($(echo "$changed" | tr '\n' ' ')): rebuild to judge this commit" >&2
   exit 125
 fi
+out=$(cd "$(dirname "$out")" 2>/dev/null && pwd)/$(basename "$out") || die "$out: its parent folder does not exist"
 tmp="$out.tmp-$$"
 trap 'rm -rf "$tmp"' EXIT
 rm -rf "$tmp" && mkdir -p "$tmp" || die "$out: cannot write" 125
 cp -a "$rel/vllm" "$tmp/vllm" || die "$out: copy of $rel/vllm failed" 125
-# the commit's Python files over the release's (a file the commit deleted goes too)
-(cd "$rel" && find vllm -name '*.py') | while read -r f; do [ -f "$src/$f" ] || rm -f "$tmp/$f"; done
-(cd "$src" && find vllm -name '*.py' -print0) | (cd "$src" && xargs -0 cp --parents -t "$tmp") \
+# the commit's tracked Python files over the release's; a file the commit deleted since the release
+# goes too. Files the release's build generated or installed (vllm/_version.py, vllm_flash_attn/,
+# third_party/deep_gemm/ ...) are not tracked in the source tree and stay as the release has them.
+git -C "$src" diff --name-only --diff-filter=D "$tag" HEAD -- vllm | while read -r f; do rm -f "$tmp/$f"; done
+git -C "$src" ls-files -z -- 'vllm/*.py' | (cd "$src" && xargs -0 -r cp --parents -t "$tmp") \
   || die "$src: copying its Python files failed" 125
 find "$tmp/vllm" -name __pycache__ -prune -exec rm -rf {} +
 rm -rf "$out" && mv "$tmp" "$out" || die "$out: cannot install the overlay" 125
