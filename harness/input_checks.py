@@ -188,11 +188,6 @@ def _env_dir(name: str, value: str) -> None:
     output_dir(f"${name}", value)
 
 
-def _env_dir_or_empty(name: str, value: str) -> None:
-    if value:
-        output_dir(f"${name}", value)
-
-
 def _env_existing_dir(name: str, value: str) -> None:
     st = _stat(f"${name} {value}", value)
     if st is None or not stat.S_ISDIR(st.st_mode):
@@ -236,7 +231,7 @@ HYPOTHESIS_PROFILES = ("ci", "nightly", "dev")  # registered by the root conftes
 # name -> check of its value (an empty value means unset for every one of them)
 ENVIRONMENT = {
     "HYV4_JIT_CACHE": _env_dir,
-    "HYV4_PACKAGE_MAP_CACHE": _env_dir_or_empty,
+    "HYV4_PACKAGE_MAP_CACHE": _env_dir,  # empty turns the layer off: an empty value is not checked
     "HYV4_REPORT_DIR": _env_dir,
     "HYV4_TIMELINE": _env_dir,
     "HYV4_GOLDENS_ROOT": _env_existing_dir,
@@ -246,6 +241,8 @@ ENVIRONMENT = {
     "HYV4_MODEL_INFO_PREFETCH": _env_choice("0", "1", exact=True),
     "HYV4_HYPOTHESIS_PROFILE": _env_choice(*HYPOTHESIS_PROFILES, exact=True),
     "HYV4_PYTEST_WORKERS": _env_workers,
+    "HYV4_ALLOW_MISSING_KERNELS": _env_choice("0", "1", exact=True),
+    "HYV4_REQUIRE_GOLDENS": _env_choice("0", "1", exact=True),
 }
 
 
@@ -255,7 +252,7 @@ def environment(names=None, env=None) -> int:
     env = os.environ if env is None else env
     for name in names or ENVIRONMENT:
         value = env.get(name)
-        if value is None or (value == "" and name != "HYV4_PACKAGE_MAP_CACHE"):
+        if not value:
             continue
         ENVIRONMENT[name](name, value)
     return 0

@@ -26,10 +26,25 @@ def cannot_run_production_reason() -> str | None:
     gone = vllm_compat.cannot_judge_reason()
     if gone:
         return gone
-    drift = hook_points.problems()
+    drift = hook_points.problems(points=hook_points.MODULE_PATH_POINTS)
     if drift:
         return f"vLLM {vllm_compat.vllm_version()}: hook point {drift[0]}"
     return kernel_paths.cannot_judge_reason()
+
+
+def cannot_run_engine_reason() -> str | None:
+    """``cannot_run_production_reason``, then what the engine path and the speculator mutants
+    need besides: the speculator internals and every hook point (``engine/hook_points.py``)."""
+    reason = cannot_run_production_reason()
+    if reason:
+        return reason
+    from .production import vllm_compat
+    from .production.engine import hook_points
+    gone = vllm_compat.cannot_judge_reason(tuple(vllm_compat.INTERNALS))
+    if gone:
+        return gone
+    drift = hook_points.problems()
+    return f"vLLM {vllm_compat.vllm_version()}: hook point {drift[0]}" if drift else None
 
 
 GPU_DEVICE_GLOB = "/dev/nvidia[0-9]*"

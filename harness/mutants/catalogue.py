@@ -17,14 +17,14 @@ if sorted(_PLANTED) != sorted(_LISTED):
     raise ImportError(f"planted bugs and the registry's disagree: only planted {sorted(set(_PLANTED) - set(_LISTED))}, "
                       f"only listed {sorted(set(_LISTED) - set(_PLANTED))}")
 
-CATALOGUE: tuple[Mutant, ...] = tuple(
-    Mutant(p.name, p.stands_for, c.name, p.case, p.apply, p.group, p.cpu_apply, p.cpu_check, p.build_patch)
-    for c in REGISTRY for p in (_PLANTED[name] for name in c.mutants))
+def _mutant(p, c) -> Mutant:
+    return Mutant(p.name, p.stands_for, c.name, p.case, p.apply, p.group, p.cpu_apply, p.cpu_check, p.build_patch)
+
+
+CATALOGUE: tuple[Mutant, ...] = tuple(_mutant(_PLANTED[name], c) for c in REGISTRY for name in c.mutants)
 
 # below the reference tolerance: judged against a production golden / host baseline only
-GOLDEN_CATALOGUE: tuple[Mutant, ...] = tuple(
-    Mutant(p.name, p.stands_for, c.name, p.case, p.apply, p.group, p.cpu_apply, p.cpu_check)
-    for c in REGISTRY for p in (_PLANTED[name] for name in c.golden_mutants))
+GOLDEN_CATALOGUE: tuple[Mutant, ...] = tuple(_mutant(_PLANTED[name], c) for c in REGISTRY for name in c.golden_mutants)
 
 BY_NAME = {m.name: m for m in (*CATALOGUE, *GOLDEN_CATALOGUE)}
 

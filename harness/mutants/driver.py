@@ -224,7 +224,7 @@ def mutants_command(args) -> int:
         unknown = [n for n in (args.only or []) if n not in S.MUTANTS]
         if unknown:
             raise CLIError(f"--only {unknown}: unknown speculator mutant(s); known: {', '.join(S.MUTANTS)}")
-        reason = runtime.cannot_run_production_reason()
+        reason = runtime.cannot_run_engine_reason()
         if reason:
             print(f"cannot judge: {reason}")
             return EXIT_CANNOT_JUDGE

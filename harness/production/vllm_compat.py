@@ -141,9 +141,16 @@ def missing(names=None) -> list[str]:
     return out
 
 
-def cannot_judge_reason() -> str | None:
-    """One line when the installed vLLM lacks an internal the production path needs, else None."""
-    gone = missing()
+# what the module-level path (compare, bisect-check's side-by-side cases, goldens, module mutants)
+# needs; the speculator internals are checked where an engine runs (engine/hook_points.py), the
+# kernel probes by kernel_paths (a missing optional kernel is its verdict, not this one's)
+MODULE_PATH = tuple(n for n in INTERNALS if not n.startswith(("speculator.", "kernels.")))
+
+
+def cannot_judge_reason(names=MODULE_PATH) -> str | None:
+    """One line when the installed vLLM lacks one of ``names`` (default: what the module-level
+    path needs), else None."""
+    gone = missing(names)
     if not gone:
         return None
     more = f" (+{len(gone) - 1} more)" if len(gone) > 1 else ""

@@ -272,7 +272,9 @@ def _load_lines(cid: str) -> None:
 # What a CPU walk may stop at: a compiled kernel this process stubbed out (``_fake_cuda_runtime``)
 # or a CUDA-only torch call. Anything else (AttributeError, TypeError, ImportError ...) is the
 # harness and the installed vLLM disagreeing on an API: "drift".
-_KERNEL_STOPS = ("stub op ", "Torch not compiled with CUDA", "CUDA", "cuda", "nvcc", "triton")
+_KERNEL_STOPS = ("stub op ",  # a compiled op this process stubbed (_fake_cuda_runtime)
+                 "Torch not compiled with CUDA", "Found no NVIDIA driver",  # torch's CUDA-only calls
+                 "libcuda.so cannot found")  # Triton launching a kernel
 
 
 def _unpinned_host_memory() -> None:

@@ -481,6 +481,7 @@ def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
                      f"error: --rejudge {tmp_path / 'missing'}: not a directory")
     (tmp_path / "file").write_text("x")
     monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(runtime, "cannot_run_engine_reason", lambda: None)
     _assert_one_line(*_run(capsys, "--case", case, "--out", tmp_path / "file", main=engine_main), 2,
                      "exists and is not a directory")
     # a crash inside vLLM: 125; a load failure: 1; each one line, the traceback only in the report

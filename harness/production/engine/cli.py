@@ -79,9 +79,9 @@ def _main(args) -> int:
         from harness.production.engine.run import rejudge_dir
 
         return rejudge_dir(args.rejudge, args.case, args.out, debug=args.debug)
-    from harness.runtime import cannot_run_production_reason
+    from harness.runtime import cannot_run_engine_reason
 
-    reason = cannot_run_production_reason()
+    reason = cannot_run_engine_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return EXIT_CANNOT_JUDGE

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 
 from harness.undo import UndoStack
 
@@ -188,9 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
     ap.add_argument("--report", default=None, metavar="R.json")
     args = ap.parse_args(argv)
-    from harness.runtime import cannot_run_production_reason
+    from harness.runtime import cannot_run_engine_reason
 
-    reason = cannot_run_production_reason()
+    reason = cannot_run_engine_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return 125

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +32,7 @@ def _stamp_of(path: Path) -> dict | None:
     """The baseline stamp of directory ``path``, or None when it is not a baseline directory."""
     try:
         doc = json.loads((path / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # nested too deep: not one
         return None
     stamp = doc.get(STAMP) if isinstance(doc, dict) else None
     ok = (isinstance(stamp, dict) and isinstance(stamp.get("platform"), dict)
@@ -90,20 +88,22 @@ def record(path: str | Path, traces: dict[str, dict], force: bool = False) -> di
     from harness import goldens
     from harness.production.goldens import goldens_gpu
 
+    from harness.atomic import atomic_write_dir
+
     target = Path(path)
     check_record_target(target, force)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.recording-"))
-    try:
-        stamp = {"platform": goldens_gpu.platform(), "recorded_with": goldens_gpu.recorded_with(),
-                 "cases": list(traces), "harness": goldens.HARNESS_VERSION,
-                 "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    stamp = {"platform": goldens_gpu.platform(), "recorded_with": goldens_gpu.recorded_with(),
+             "cases": list(traces), "harness": goldens.HARNESS_VERSION,
+             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def fill(tmp: Path) -> None:
         goldens_gpu.record_set(traces, tmp, manifest_extra={STAMP: stamp})
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700: readable like any directory the harness writes
         _fsync_tree(tmp)
-        _swap_in(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    # the project's one directory writer: a temp directory beside the target, swapped in by two
+    # renames no signal splits, a dead run's leftovers cleaned by the next
+    atomic_write_dir(target, fill, replace=force)
+    _fsync_dir(target.resolve().parent)
     return stamp
 
 
@@ -127,19 +127,3 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _swap_in(new: Path, target: Path) -> None:
-    """Rename ``new`` onto ``target``; an existing ``target`` is moved aside first and restored if
-    the rename fails, removed once the new one is in place."""
-    old = None
-    if target.exists() or target.is_symlink():
-        old = target.parent / f".{target.name}.replaced-{os.getpid()}-{time.time_ns()}"
-        os.rename(target, old)
-    try:
-        os.rename(new, target)
-    except BaseException:
-        if old is not None:
-            os.rename(old, target)
-        raise
-    _fsync_dir(target.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

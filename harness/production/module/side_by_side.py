@@ -169,8 +169,12 @@ def versions() -> dict:
 def run_facts() -> dict:
     """Every report's metadata: versions, and the optional kernel paths vLLM found here."""
     from harness.production.kernel_paths import host_paths, judged_without
-    paths = host_paths()
-    return {"versions": versions(), "kernel_paths": paths, "judged_without": judged_without(paths).strip()}
+    try:  # metadata: never costs a verdict already reached
+        paths = host_paths()
+        without = judged_without(paths).strip()
+    except Exception as exc:  # noqa: BLE001
+        paths, without = {"error": f"{exc.__class__.__name__}: {exc}"}, ""
+    return {"versions": versions(), "kernel_paths": paths, "judged_without": without}
 
 
 def _flush(pending: dict, out: str, n: int) -> None:
