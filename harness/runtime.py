@@ -40,7 +40,7 @@ def cannot_run_engine_reason() -> str | None:
         return reason
     from .production import vllm_compat
     from .production.engine import hook_points
-    gone = vllm_compat.cannot_judge_reason(tuple(vllm_compat.INTERNALS))
+    gone = vllm_compat.cannot_judge_reason(vllm_compat.REQUIRED)
     if gone:
         return gone
     drift = hook_points.problems()

@@ -37,6 +37,9 @@ class Internal:
     name: str
     locations: tuple[str, ...]
     what: str  # what the harness uses it for (the cannot-judge line names it)
+    # an optional one only adds to a report where it resolves: its absence is recorded
+    # ("unavailable"), never a cannot-judge (``available``)
+    optional: bool = False
 
 
 INTERNALS: dict[str, Internal] = {i.name: i for i in (
@@ -79,7 +82,14 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
              "whether DeepGEMM (FP8 GEMMs, the indexer's MQA logits) is usable"),
     Internal("kernels.has_flashinfer", ("vllm.utils.flashinfer:has_flashinfer",),
              "whether FlashInfer (sampler, some MoE/attention paths) imports"),
+    Internal("metrics.per_request_spec_decode",
+             ("vllm.engine.arg_utils:EngineArgs.per_request_spec_decode_metrics",),
+             "the engine argument that puts vLLM's per-request spec-decode counters on each output "
+             "(the engine report records them beside the harness's acceptance)", optional=True),
 )}
+
+# what every production run needs; the optional internals are asked for with ``available``
+REQUIRED = tuple(n for n, i in INTERNALS.items() if not i.optional)
 
 # Behaviour that moved between the supported releases (read from the two wheels). The harness
 # does not branch on these: it observes them at run time; they are listed for the report.
@@ -130,11 +140,16 @@ def internal(name: str):
     return obj
 
 
+def available(name: str) -> bool:
+    """Whether ``INTERNALS[name]`` resolves in the installed vLLM (for an optional one)."""
+    return _try(INTERNALS[name])[1] is None
+
+
 def missing(names=None) -> list[str]:
-    """``name: what (tried locations)`` for every internal of ``names`` (default: all) that
-    does not resolve in the installed vLLM."""
+    """``name: what (tried locations)`` for every internal of ``names`` (default: the required
+    ones) that does not resolve in the installed vLLM."""
     out = []
-    for name in names or INTERNALS:
+    for name in names or REQUIRED:
         _, why = _try(INTERNALS[name])
         if why is not None:
             out.append(f"{name} ({INTERNALS[name].what}): {why}")
@@ -144,7 +159,7 @@ def missing(names=None) -> list[str]:
 # what the module-level path (compare, bisect-check's side-by-side cases, goldens, module mutants)
 # needs; the speculator internals are checked where an engine runs (engine/hook_points.py), the
 # kernel probes by kernel_paths (a missing optional kernel is its verdict, not this one's)
-MODULE_PATH = tuple(n for n in INTERNALS if not n.startswith(("speculator.", "kernels.")))
+MODULE_PATH = tuple(n for n in REQUIRED if not n.startswith(("speculator.", "kernels.")))
 
 
 def cannot_judge_reason(names=MODULE_PATH) -> str | None:

@@ -31,6 +31,10 @@ greedy decoding, for request r with target rows [a, b):
   at the last row; positions stay step 0's.
 - every draft forward: the MTP layer that ran is the expected one (single-module
   speculator: layer 0; multi-module: k mod n).
+
+Per request, the acceptance counts follow vLLM's definition (``spec_counts``): a verify
+step the target ran after the request had already generated its last token (async
+scheduling runs one) is left out and reported apart.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
+from harness.production.engine.spec_counts import VerifyStep, summarize
 
 
 @dataclasses.dataclass
@@ -83,15 +89,17 @@ def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def check(calls, targets: list[TargetCall], *, multi_module: bool, num_layers: int,
-          max_model_len: int, prompts: list | None = None) -> dict:
+          max_model_len: int, prompts: list | None = None, output_lens: list | None = None) -> dict:
     """``{"findings": [Finding...] in engine order, "acceptance": {...}, "checked": {...}}``.
 
     Requests are labelled ``request i`` when their prefill rows are prompt i of
     ``prompts`` (vLLM may batch them in another order, e.g. shortest first), else in
-    order of appearance after the prompts."""
+    order of appearance after the prompts. ``acceptance`` counts as vLLM does
+    (``spec_counts``): ``output_lens[i]`` (the tokens request i generated in the end) tells
+    which verify steps ran after request i had finished."""
     findings: list[Finding] = []
     checked = {"requests_steps": 0, "draft_calls": 0, "unchecked": 0}
-    acc: dict[str, dict] = {}
+    acc: dict[str, list] = {}  # request -> [spec_counts.VerifyStep]
     by_step: dict[int, list] = {}
     for c in calls:
         if c.engine_step >= 0:
@@ -154,9 +162,11 @@ def check(calls, targets: list[TargetCall], *, multi_module: bool, num_layers: i
                 # multi-module: the last rejected-but-one drafts are re-prefilled in front of the
                 # window, which moves the last valid row right by num_rejected - 1
                 last = a + n + (max(0, m - n - 1) if multi_module else 0)
-                st = acc.setdefault(name, {"accepted": [], "drafted": 0})
-                st["accepted"].append(n)
-                st["drafted"] += m
+                # row a holds the last token the request sampled: position p follows p + 1 - prompt
+                # length output tokens
+                i = labels[keys[r]]
+                before = (int(tc.positions[a]) + 1 - len(prompts[i])) if prompts and i < len(prompts) else None
+                acc.setdefault(name, []).append(VerifyStep(s, n, m, before))
             if last not in greedy:
                 checked["unchecked"] += 1
                 lasts.append(None)
@@ -188,9 +198,8 @@ def check(calls, targets: list[TargetCall], *, multi_module: bool, num_layers: i
                                         f"not the target's hidden states of the accepted rows: "
                                         f"{_first_diff(d0.hidden[a: last + 1], tc.hidden[a: last + 1].to(d0.hidden.dtype))}"))
         _check_decode_steps(s, steps, lasts, names, multi_module, max_model_len, findings)
-    acceptance = {n: {"accepted": sum(v["accepted"]), "drafted": v["drafted"],
-                      "rate": (sum(v["accepted"]) / v["drafted"]) if v["drafted"] else None,
-                      "per_step": v["accepted"]} for n, v in acc.items()}
+    outs = {f"request {i}": int(n) for i, n in enumerate(output_lens or [])}
+    acceptance = {n: summarize(v, outs.get(n)) for n, v in acc.items()}
     return {"findings": findings, "acceptance": acceptance, "checked": checked}
 
 

@@ -88,11 +88,16 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
     # memory >= utilization x total": 0.3 of an H200 is 42 GiB, more than is free while
     # five other workers hold their models; 0.1 (14 GiB) still covers weights + 4 GiB KV
     util = min(case.gpu_memory_utilization, 0.1) if gib else case.gpu_memory_utilization
+    from harness.production import vllm_compat
+    if vllm_compat.available("metrics.per_request_spec_decode"):
+        # vLLM's own per-request accepted/drafted counts, recorded beside the harness's (spec_counts)
+        kw["per_request_spec_decode_metrics"] = "detailed"
     return dict(
         **kw, model=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
         block_size=BLOCK_SIZE, max_model_len=1024, max_num_batched_tokens=2048, max_num_seqs=8,
         enforce_eager=True, load_format="dummy", gpu_memory_utilization=util,
         enable_prefix_caching=False,  # a cache hit would skip draft KV writes the reference needs
+        disable_log_stats=False,  # LLM.get_metrics() (vLLM's spec-decode counters) needs stat logging
         seed=case.seed,
         speculative_config={"method": "mtp", "num_speculative_tokens": case.num_speculative_tokens},
     )
@@ -602,6 +607,8 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
 
     params = SamplingParams(temperature=0.0, max_tokens=case.max_tokens, ignore_eos=True, detokenize=False)
     prompts = prompts_for(case, cfg.vocab_size, plan)
+    from harness.production.engine import spec_counts
+    before = spec_counts.read_metric_totals(sess["llm"])  # cumulative over the process: a difference
     t1 = time.perf_counter()
     tap.armed = ttap.armed = True
     try:
@@ -612,6 +619,8 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
         ttap.remove()
     rep["timing_s"]["generate"] = time.perf_counter() - t1
     rep["generated"] = [list(o.outputs[0].token_ids) for o in outs]
+    rep["vllm_spec_decode"] = spec_counts.vllm_counters(outs, before, spec_counts.read_metric_totals(sess["llm"]))
+    log("vLLM's spec-decode counters:", json.dumps(rep["vllm_spec_decode"]))
     errors = tap.errors + ttap.errors
     for e in errors[:3]:
         log("tap error:", e)
@@ -625,7 +634,7 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
             meta = {"case": dataclasses.asdict(case), "versions": rep["versions"], "runner": rep["runner"],
                     "sharing": rep["sharing"], "load": rep["load"], "tap_errors": errors,
                     "generated": rep["generated"], "prompts": prompts, "mutant": rep.get("mutant"),
-                    "target_follows_f": rep.get("target_follows_f")}
+                    "target_follows_f": rep.get("target_follows_f"), "vllm_spec_decode": rep["vllm_spec_decode"]}
             rep["recording"] = save_recording(stem, tap.calls, tap.proposals, meta, targets=ttap.calls)
             log("recording:", stem + ".safetensors", json.dumps(rep["recording"]))
         except Exception:  # noqa: BLE001 - the verdict does not depend on it
@@ -633,7 +642,8 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
             log("recording failed:", rep["recording"]["error"])
     rep.update(judge_run(cfg, weights, tap.calls, tap.proposals, errors, case, targets=ttap.calls,
                          multi_module="MultiModule" in rep["runner"]["proposer"],
-                         max_model_len=rep["runner"]["max_model_len"], prompts=prompts, log=log))
+                         max_model_len=rep["runner"]["max_model_len"], prompts=prompts,
+                         generated=rep["generated"], log=log))
     rep["timing_s"]["reference"] = rep.pop("reference_s")
     rep["timing_s"]["total"] = time.perf_counter() - t0
     rep["problems"] = verdict_problems(rep)
@@ -684,11 +694,13 @@ def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: st
 
 def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], tap_errors: list[str],
               case: EngineCase, *, targets: list | None = None, multi_module: bool = False,
-              max_model_len: int = 1024, prompts: list | None = None, log=print) -> dict:
+              max_model_len: int = 1024, prompts: list | None = None, generated: list | None = None,
+              log=print) -> dict:
     """Check the speculator's bookkeeping against the target (``bookkeeping``), replay the
     recorded draft forwards with the float64 reference and judge them (CPU): ``counts``,
-    ``facts``, ``findings`` (localised lines), ``acceptance``, ``mismatch_examples``,
-    ``replay_errors``, ``components``, ``tap_errors``."""
+    ``facts``, ``findings`` (localised lines), ``acceptance`` (per request, as vLLM counts it:
+    ``generated``, the output tokens per prompt, says when each request finished),
+    ``mismatch_examples``, ``replay_errors``, ``components``, ``tap_errors``."""
     import reference as R
     from harness.production.verdict.tolerances import tolerances_for
 
@@ -706,7 +718,9 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
             f"sample_rows={None if c.sample_rows is None else c.sample_rows.tolist()} "
             f"tokens={None if c.tokens is None else c.tokens.tolist()} topk={'yes' if c.topk_rows is not None else 'no'}")
     book = (bookkeeping.check(calls, targets, multi_module=multi_module, num_layers=cfg.num_mtp_layers,
-                              max_model_len=max_model_len, prompts=prompts) if targets else None)
+                              max_model_len=max_model_len, prompts=prompts,
+                              output_lens=[len(g) for g in generated] if generated is not None else None)
+            if targets else None)
     # (engine step, draft step, dataflow rank, line): inputs, then top-k, then KV reads, then tokens
     items = [(f.engine_step, f.draft_step, 0, f.line()) for f in book["findings"]] if book else []
     t = time.perf_counter()
@@ -794,6 +808,9 @@ def verdict_problems(rep: dict) -> list[str]:
                 "sampled_row_not_last_token_index", "seq_len_disagreements", "step0_without_last_token_indices"):
         if c.get(key):
             p.append(f"{key}: {c[key]}")
+    # vLLM's own counters against the harness's figure in vLLM's definition (spec_counts)
+    from harness.production.engine.spec_counts import disagreements
+    p += disagreements(rep.get("acceptance"), rep.get("vllm_spec_decode"))
     if not all(rep.get("load", {}).get("landed", {}).values()):
         p.append(f"synthetic weights did not land in the live draft: {rep['load'].get('landed')}")
     if c["max_context"] <= c["index_topk"]:
@@ -899,9 +916,12 @@ def rejudge(stem: str, *, log=print) -> dict:
            "recording": {k: v for k, v in doc.items() if k not in ("meta", "call_meta", "proposal_meta")}}
     runner = meta.get("runner") or {}
     rep["target_follows_f"] = meta.get("target_follows_f")
+    rep["vllm_spec_decode"] = meta.get("vllm_spec_decode") or {
+        "per_request": "unavailable: not in the recording", "totals": "unavailable: not in the recording"}
     rep.update(judge_run(cfg, weights, calls, proposals, list(meta.get("tap_errors", [])), case, targets=targets,
                          multi_module="MultiModule" in str(runner.get("proposer", "")),
-                         max_model_len=int(runner.get("max_model_len", 1024)), prompts=meta.get("prompts"), log=log))
+                         max_model_len=int(runner.get("max_model_len", 1024)), prompts=meta.get("prompts"),
+                         generated=meta.get("generated"), log=log))
     rep["timing_s"] = {"reference": rep.pop("reference_s")}
     rep["problems"] = verdict_problems(rep)
     rep["passed"] = rep["problems"] == []
@@ -946,8 +966,14 @@ def _print_verdict(title: str, rep: dict) -> int:
         print(f"   ... {len(problems) - 12} more problem(s) in the JSON report")
     print("   counts:", json.dumps(rep["counts"]))
     if rep.get("acceptance"):
-        print("   acceptance (accepted/drafted per request):",
-              {k: f"{v['accepted']}/{v['drafted']}" for k, v in rep["acceptance"].items()})
+        print("   acceptance as vLLM counts it (accepted/drafted per request; over every verify step):",
+              {k: f"{v['accepted']}/{v['drafted']} ({v['all_verify_steps']['accepted']}/"
+                  f"{v['all_verify_steps']['drafted']})" for k, v in sorted(rep["acceptance"].items())})
+    vsd = rep.get("vllm_spec_decode") or {}
+    per = vsd.get("per_request")
+    print("   vLLM's spec-decode counters (accepted/drafted per request):",
+          {k: f"{v['accepted']}/{v['drafted']}" for k, v in per.items()} if isinstance(per, dict) else per,
+          "totals:", vsd.get("totals"))
     print("   components (max |d|, calls out of tol):",
           {k: (round(v["max_abs"], 4), v.get("calls_out_of_tol")) for k, v in rep["components"].items()})
     print("   mismatch examples:", json.dumps(rep["mismatch_examples"][:3]))
