@@ -647,6 +647,7 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
     rep["timing_s"]["reference"] = rep.pop("reference_s")
     rep["timing_s"]["total"] = time.perf_counter() - t0
     rep["problems"] = verdict_problems(rep)
+    rep["acceptance_disagreements"] = acceptance_disagreements(rep)
     rep["passed"] = rep["problems"] == []
     return rep
 
@@ -790,6 +791,15 @@ def _pattern_rates(rep: dict) -> dict:
     return out
 
 
+def acceptance_disagreements(rep: dict) -> list[str]:
+    """vLLM's own spec-decode counters against the harness's figure in vLLM's definition
+    (``spec_counts``): reported beside the verdict and in the report, not part of the exit code.
+    The harness's figure is derived from the recording alone; vLLM's counters come from its stat
+    logging, whose reading in this in-process engine is what this comparison establishes."""
+    from harness.production.engine.spec_counts import disagreements
+    return disagreements(rep.get("acceptance"), rep.get("vllm_spec_decode"))
+
+
 def verdict_problems(rep: dict) -> list[str]:
     """Why ``rep`` fails the engine-level check (empty: it passes); localised findings first."""
     c = rep["counts"]
@@ -808,9 +818,6 @@ def verdict_problems(rep: dict) -> list[str]:
                 "sampled_row_not_last_token_index", "seq_len_disagreements", "step0_without_last_token_indices"):
         if c.get(key):
             p.append(f"{key}: {c[key]}")
-    # vLLM's own counters against the harness's figure in vLLM's definition (spec_counts)
-    from harness.production.engine.spec_counts import disagreements
-    p += disagreements(rep.get("acceptance"), rep.get("vllm_spec_decode"))
     if not all(rep.get("load", {}).get("landed", {}).values()):
         p.append(f"synthetic weights did not land in the live draft: {rep['load'].get('landed')}")
     if c["max_context"] <= c["index_topk"]:
@@ -924,6 +931,7 @@ def rejudge(stem: str, *, log=print) -> dict:
                          generated=meta.get("generated"), log=log))
     rep["timing_s"] = {"reference": rep.pop("reference_s")}
     rep["problems"] = verdict_problems(rep)
+    rep["acceptance_disagreements"] = acceptance_disagreements(rep)
     rep["passed"] = rep["problems"] == []
     return rep
 
@@ -964,6 +972,8 @@ def _print_verdict(title: str, rep: dict) -> int:
         print("   problem:", line)
     if len(problems) > 12:
         print(f"   ... {len(problems) - 12} more problem(s) in the JSON report")
+    for line in acceptance_disagreements(rep):
+        print("   note (not in the verdict):", line)
     print("   counts:", json.dumps(rep["counts"]))
     if rep.get("acceptance"):
         print("   acceptance as vLLM counts it (accepted/drafted per request; over every verify step):",
