@@ -609,6 +609,36 @@ def test_model_directories_are_removed(tmp_path, monkeypatch):
     assert parents.is_dir()
 
 
+def test_a_folder_whose_owner_holds_its_lock_is_kept_whatever_its_pid(tmp_path, monkeypatch):
+    """A temp folder of a live process in another PID namespace (its pid means nothing here) is
+    kept while its owner lock is held, and removed by the next run once it is not."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness import runtime
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(runtime, "_process_temp", [])
+    other = tmp_path / f"{runtime.PROCESS_TEMP_PREFIX}{2 ** 22 + 54322}"  # no such pid here
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"),
+        str(other / runtime.OWNER_LOCK)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        runtime.process_temp_dir()
+        assert (other / "config.json").is_file()  # owned: kept
+    finally:
+        holder.communicate("")
+    runtime.remove_process_temp_dir()
+    runtime.process_temp_dir()  # the next run: the lock is free, the folder goes
+    assert not other.exists()
+    runtime.remove_process_temp_dir()
+
+
 # ---- 10: the documented environment variables ---------------------------------------------------
 
 @pytest.mark.parametrize("name, value, culprit", [
