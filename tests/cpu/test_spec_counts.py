@@ -230,6 +230,8 @@ def test_an_optional_internal_never_makes_a_run_cannot_judge(monkeypatch):
     gone = vllm_compat.Internal("metrics.gone", ("harness_no_such_module:x",), "optional counters", optional=True)
     monkeypatch.setitem(vllm_compat.INTERNALS, "metrics.gone", gone)
     assert vllm_compat.available("metrics.gone") is False
-    assert "metrics.gone" not in vllm_compat.REQUIRED and "metrics.gone" not in vllm_compat.MODULE_PATH
     assert not any(m.startswith("metrics.gone") for m in vllm_compat.missing())
+    required = vllm_compat.Internal("metrics.needed", ("harness_no_such_module:x",), "required counters")
+    monkeypatch.setitem(vllm_compat.INTERNALS, "metrics.needed", required)
+    assert any(m.startswith("metrics.needed") for m in vllm_compat.missing())  # the same entry, not optional
     assert "metrics.per_request_spec_decode" not in vllm_compat.REQUIRED
