@@ -334,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--baseline", default=None, metavar="DIR",
                    help="judge the production traces against the host baseline in DIR instead of the checked-in "
                         "goldens (same tolerances); recorded on another GPU, torch or CUDA: exit 2")
+    b.add_argument("--graphs", action="store_true",
+                   help="also judge vLLM's speculator under CUDA graphs as `vllm serve` runs it "
+                        "(engine-graphs-accept-k3-share): for a change to graph capture, padding or the "
+                        "speculator's lifecycle hooks")
     b.add_argument("--allow-unjudged", action="store_true",
                    help="exit 0, not 125, when the judged parts pass but a golden part could not be judged "
                         "(the NOT JUDGED lines stay)")

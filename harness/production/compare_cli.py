@@ -34,6 +34,16 @@ DEFAULT_BISECT_CASES = BISECT_CASES
 # vLLM's own speculator (engine.py): drafts accepted at planned rates, index sharing,
 # and the two-MTP-layer MultiModuleMTPSpeculator
 DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")
+# the speculator as vLLM serves it, in CUDA graphs: added by --graphs
+GRAPH_BISECT_ENGINE_CASES = ("engine-graphs-accept-k3-share",)
+
+
+def bisect_case_ids(args) -> list[str]:
+    """The case ids a bisect-check judges: ``--case`` or the default set, plus ``--graphs``'s."""
+    ids = list(args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES])
+    if getattr(args, "graphs", False):
+        ids = [c for c in GRAPH_BISECT_ENGINE_CASES if c not in ids] + ids
+    return ids
 
 
 MAX_TP = 8      # GPUs of one host
@@ -170,7 +180,7 @@ def _side_by_side_ids(args) -> list[str]:
     """bisect-check's side-by-side case ids (``--case`` or the default set), engine cases left out."""
     from harness.production.engine.cases import ENGINE_CASES
 
-    ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
+    ids = bisect_case_ids(args)
     return [c for c in ids if c not in ENGINE_CASES]
 
 
@@ -383,7 +393,7 @@ def bisect_command(args) -> int:
     from harness.production.goldens import baseline, goldens_gpu
     from harness.production.module.side_by_side import run_facts
 
-    ids = args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES]
+    ids = bisect_case_ids(args)
     engine_ids = [c for c in ids if c in ENGINE_CASES]
     ids = [c for c in ids if c not in ENGINE_CASES]
     # the golden each case is judged against: a host baseline (refused, exit 2, when recorded on

@@ -71,6 +71,11 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
     Internal("speculator.MultiModuleMTPSpeculator",
              ("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator:MultiModuleMTPSpeculator",),
              "the speculator that cycles MTP modules by draft step"),
+    Internal("speculator.dp_utils_module", ("vllm.v1.worker.gpu.dp_utils:",),
+             "the CUDA-graph dispatch of the V2 runner (dispatch_cg_and_sync_dp: its need_eager runs a "
+             "graph-mode case's drafter eager again)"),
+    Internal("worker.CudaGraphManager", ("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager",),
+             "the speculator's CUDA-graph managers (run_fullgraph: which draft steps replayed a graph)"),
     Internal("hy_v4.compute_skip_topk_layers",
              ("vllm.model_executor.models.utils:compute_skip_topk_layers",
               "vllm.models.hy_v4.nvidia.attention:compute_skip_topk_layers"),

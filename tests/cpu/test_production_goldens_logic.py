@@ -225,3 +225,37 @@ def test_a_golden_recorded_before_the_new_components_is_reported_not_crashed_on(
     t.view(torch.int16)[0, 0] += 1
     bad["step0.attn.core"] = t
     assert g.check_production_golden("tiny-k3-share", bad, tmp_path).first_divergent.name == "step0.attn.core"
+
+
+def test_router_gemm_tolerance_takes_bf16x3_not_bf16(tmp_path, monkeypatch):
+    """Router logits recomputed as vLLM's bf16x3 GEMM (the fp32 weight kept to 16 bits) pass the
+    golden; the same logits rounded to bf16, or computed from bf16-rounded weights, fail at
+    moe.router_logits; any other fp32 component keeps the tight tolerance."""
+    monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 64, generator=gen).to(torch.bfloat16).double()
+    w = torch.randn(8, 64, generator=gen, dtype=torch.float64) * 0.05
+    w32 = w.float()
+    hi = w32.to(torch.bfloat16).float()
+    lo = (w32 - hi).to(torch.bfloat16).float()
+
+    def trace(weight, round_bf16=False):
+        logits = (x @ weight.double().T).float()
+        if round_bf16:
+            logits = logits.to(torch.bfloat16).float()
+        return {"step0.moe.router_logits": logits, "step0.logits": torch.randn(2, 16, generator=gen)}
+
+    prod = trace(w32)
+    g.record("c", prod, tmp_path)
+    x3 = trace(hi + lo)  # bf16x3: w's first 16 bits (x is bf16, exact)
+    x3["step0.logits"] = prod["step0.logits"]
+    moved = float((x3["step0.moe.router_logits"] - prod["step0.moe.router_logits"]).abs().max())
+    assert moved > 1e-7, moved  # the tight fp32 tolerance alone would not take it
+    assert g.check_production_golden("c", x3, tmp_path).passed
+    for bad in (trace(w32, round_bf16=True), trace(hi)):
+        bad["step0.logits"] = prod["step0.logits"]
+        rep = g.check_production_golden("c", bad, tmp_path)
+        assert not rep.passed and rep.first_divergent.name == "step0.moe.router_logits", rep.table()
+    other = dict(prod)
+    other["step0.logits"] = prod["step0.logits"] + 2e-6
+    assert not g.check_production_golden("c", other, tmp_path).passed

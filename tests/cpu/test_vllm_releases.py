@@ -78,11 +78,20 @@ def test_hook_point_drift_is_named(monkeypatch):
             pass
 
     class Spec:
-        def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, dummy_run=False,
-                    num_speculative_tokens=None):
+        def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
+                    num_sampled, num_rejected, last_sampled, dummy_run=False, num_speculative_tokens=None):
+            pass
+
+        def on_prefill_begin(self, num_reqs):
             pass
 
         def on_prefill_end(self, num_reqs):
+            pass
+
+        def capture(self):
+            pass
+
+        def run_fullgraph(self, desc):
             pass
 
         def on_multi_step_decode_begin(self, num_reqs):
@@ -93,7 +102,8 @@ def test_hook_point_drift_is_named(monkeypatch):
 
     import types
     mod = types.SimpleNamespace(prepare_prefill_inputs=lambda last_token_indices, current_draft_step,
-                                input_buffers, input_batch: None)
+                                input_buffers, input_batch: None,
+                                dispatch_cg_and_sync_dp=lambda manager, num_reqs, need_eager=False: None)
     monkeypatch.setattr(vllm_compat, "internal", lambda name: mod if name.endswith("_module") else Spec)
     found = hook_points.problems(Draft)
     assert len(found) == 1, found

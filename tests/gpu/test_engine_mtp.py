@@ -59,6 +59,10 @@ def test_engine_draft_tokens_match_reference(case_id, tmp_path):
     assert again["counts"] == c, (again["counts"], c)
     assert verdict_problems(rep) == [], verdict_problems(rep)
     assert proc.returncode == 0, proc.returncode
+    if rep["case"].get("graphs"):  # the draft decodes replayed a captured graph
+        print("compilation:", json.dumps(rep["compilation"]), "graph replays:", json.dumps(rep["graph_replays"]))
+        assert rep["compilation"]["enforce_eager"] is False and rep["drafter_mode"] == "CUDA graphs", rep["compilation"]
+        assert rep["graph_replays"]["decode"].get("FULL", 0) > 0, rep["graph_replays"]
     if rep["case"]["target"] == "acceptance":  # drafts accepted: the accepted path ran on the GPU
         acc = rep["acceptance"]
         print("acceptance:", json.dumps({k: (v["accepted"], v["drafted"]) for k, v in acc.items()}))

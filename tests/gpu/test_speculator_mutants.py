@@ -25,7 +25,7 @@ from harness.production.engine.speculator_mutants import MUTANTS
 pytestmark = pytest.mark.gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CASES = sorted({m.case for m in MUTANTS.values()})
+CASES = sorted({m.case for m in MUTANTS.values() if not m.at_build})
 
 
 def _engine(args: list[str], tmp_path) -> subprocess.CompletedProcess:
@@ -51,7 +51,7 @@ def test_every_mutant_of_a_case_fails_named_first_on_one_engine(case, tmp_path):
     for r in doc["runs"]:
         _evidence({"case": case, "sweep": True, **{k: r.get(k) for k in ("label", "mutant", "passed", "ok")},
                    "problems": r["problems"][:3]})
-    wanted = [n for n, m in MUTANTS.items() if m.case == case]
+    wanted = [n for n, m in MUTANTS.items() if m.case == case and not m.at_build]
     assert [r["mutant"] for r in doc["runs"] if r["mutant"]] == wanted
     assert len([r for r in doc["runs"] if r["mutant"] is None]) == len(wanted) + 1
     for r in doc["runs"]:
@@ -74,3 +74,25 @@ def test_a_mutant_planted_before_the_build_exits_1(tmp_path):
     _evidence({"mutant": name, "sweep": False, "exit": proc.returncode, "problems": rep.get("problems", [])[:3]})
     assert proc.returncode == 1, (proc.returncode, rep.get("problems", [])[:3])
     assert m.expect in rep["problems"][0], rep["problems"][:3]
+
+
+@pytest.mark.parametrize("name", [n for n, m in MUTANTS.items() if m.passes_eager])
+def test_a_capture_only_mutant_fails_in_graph_mode_and_passes_eager(name, tmp_path):
+    """Planted before the build (graph capture runs then): the graph-mode case exits 1 with its
+    first line naming graph replay (the eager re-run of the same generation passes), and the
+    same bug under the eager case passes."""
+    m = MUTANTS[name]
+    verdicts = {}
+    for case in (m.case, m.passes_eager):
+        out = tmp_path / case
+        proc = _engine(["--case", case, "--mutant", name], out)
+        path = out / f"engine_mtp_{case}.json"
+        assert path.exists(), f"{case}: no report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
+        rep = json.loads(path.read_text())
+        verdicts[case] = (proc.returncode, rep.get("problems", [])[:3])
+        _evidence({"mutant": name, "case": case, "sweep": False, "exit": proc.returncode,
+                   "drafter_mode": rep.get("drafter_mode"), "graph_replays": rep.get("graph_replays"),
+                   "problems": rep.get("problems", [])[:3]})
+    code, problems = verdicts[m.case]
+    assert code == 1 and m.expect in problems[0], verdicts
+    assert verdicts[m.passes_eager][0] == 0, verdicts

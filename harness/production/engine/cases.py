@@ -25,6 +25,10 @@ class EngineCase:
     expect_rates: tuple = ()
     # substrings of post-load audit problems that are known vLLM 0.33 issues (reported, accepted)
     known_audit: tuple = ()
+    # False: enforce_eager (every draft forward tapped); True: the compilation configuration
+    # ``vllm serve`` uses by default on the installed release (CUDA graphs; vLLM decides whether
+    # torch.compile runs), judged through ``graph_tap``
+    graphs: bool = False
 
 
 _ACCEPT = (("enable_ihc", False),)  # the edited target needs a plain residual stream (acceptance doc)
@@ -56,5 +60,19 @@ ENGINE_CASES: dict[str, EngineCase] = {c.id: c for c in (
                overrides=_ACCEPT + (("num_nextn_predict_layers", 2), ("index_share_for_mtp_iteration", True)),
                seed=35, num_speculative_tokens=2, target="acceptance", patterns=("accept", "reject", "alternate"),
                prompt_lens=(180, 50, 90),
+               expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75))),
+    # CUDA graphs as served: engine-accept-k3-share with vLLM's default compilation configuration.
+    # 4 requests (a capture size: FULL draft-decode graphs without padding); the batch shrinks as
+    # the near-100 % request finishes first, so later steps run 3 requests padded to 4
+    EngineCase("engine-graphs-accept-k3-share", overrides=_ACCEPT + (("index_share_for_mtp_iteration", True),),
+               seed=33, target="acceptance", patterns=("accept", "reject", "alternate", "agree2"),
+               prompt_lens=(200, 40, 150, 61), graphs=True,
+               expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.1), ("alternate", 0.2, 0.5),
+                             ("agree2", 0.5, 0.8))),
+    # 3 requests (not a capture size: every graph step runs padded rows), K = 2, no index sharing
+    # (the indexer runs inside the decode graph), requests finishing at different steps
+    EngineCase("engine-graphs-accept-k2-padded", overrides=_ACCEPT, seed=36, num_speculative_tokens=2,
+               target="acceptance", patterns=("accept", "reject", "alternate"), prompt_lens=(170, 45, 133),
+               graphs=True,
                expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75))),
 )}

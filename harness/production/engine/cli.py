@@ -65,7 +65,11 @@ def _main(args) -> int:
     if args.sweep:
         if not args.case or len(args.case) != 1:
             raise CLIError("--sweep needs exactly one --case (its engine is built once)")
-        mutants = mutants or [n for n, m in MUTANTS.items() if m.case == args.case[0]]
+        at_build = [m for m in mutants if MUTANTS[m].at_build]
+        if at_build:
+            raise CLIError(f"--sweep --mutant {at_build[0]}: it patches graph capture, which runs while the engine "
+                           "is built: plant it with --mutant alone (its own engine)")
+        mutants = mutants or [n for n, m in MUTANTS.items() if m.case == args.case[0] and not m.at_build]
         if not mutants:
             raise CLIError(f"--sweep --case {args.case[0]}: no speculator mutant targets this case")
     elif len(mutants) > 1:

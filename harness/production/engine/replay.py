@@ -67,7 +67,8 @@ class DraftCall:
     draft_step: int  # 0: the ragged first pass over every scheduled token; k >= 1: one token per request
     input_ids: torch.Tensor  # [T] long (T = num_actual_tokens, padding dropped)
     positions: torch.Tensor  # [T] long
-    hidden: torch.Tensor  # [T, H] hidden states fed to the drafter (bf16 as fed)
+    hidden: torch.Tensor | None  # [T, H] hidden states fed to the drafter (bf16 as fed); None: a draft step
+    # >= 1 inside a CUDA graph, fed the reference's own previous step (``replay`` chains it)
     query_start_loc: torch.Tensor  # [R + 1] long
     request_keys: torch.Tensor  # [R] long, block_table[:, 0] of each request
     seq_lens: torch.Tensor | None = None  # [R] from the attention metadata
@@ -114,6 +115,15 @@ class RequestRegistry:
     def __init__(self) -> None:
         self._by_key: dict[int, int] = {}
         self.count = 0
+
+    def peek(self, call: DraftCall) -> torch.Tensor:
+        """[T] the reference request id each row of a draft step >= 1 continues (no new requests)."""
+        local = token_requests(call.query_start_loc, call.num_tokens)
+        keys = call.request_keys.long().tolist()
+        gone = [k for k in keys if k not in self._by_key]
+        if gone:
+            raise ValueError(f"draft step {call.draft_step}: request key(s) {gone[:4]} never seen at a step 0")
+        return torch.tensor([self._by_key[k] for k in keys], dtype=torch.long)[local]
 
     def assign(self, call: DraftCall) -> torch.Tensor:
         """[T] reference request id of each row of ``call``."""
@@ -192,11 +202,12 @@ def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numer
     registry = RequestRegistry()
     shards = {j: shard_all(cfg, layer_weights(weights, j), 1, "tp") for j in range(cfg.num_mtp_layers)}
     shared_rows = None
+    chain: dict[int, torch.Tensor] = {}  # reference request -> its last sampled row's output hidden state
     out: list[CallReplay] = []
     for call in calls:
         try:
             res, compacted = _replay_call(cfg, shards, call, cache, registry, num, force_production_topk,
-                                          shared_rows, multi_module)
+                                          shared_rows, multi_module, chain)
         except (ValueError, R.UnwrittenKVError) as exc:
             res, compacted = CallReplay(None, None, {}, error=f"{exc.__class__.__name__}: {exc}"), None
         if call.draft_step == 0:
@@ -205,8 +216,23 @@ def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numer
     return out
 
 
-def _replay_call(cfg, shards, full: DraftCall, cache, registry, num, force, shared_rows, multi_module=False):
-    """(CallReplay, step 0's (top-k rows, scores) compacted to the sampled rows, or None)."""
+def _replay_call(cfg, shards, full: DraftCall, cache, registry, num, force, shared_rows, multi_module=False,
+                 chain: dict | None = None):
+    """(CallReplay, step 0's (top-k rows, scores) compacted to the sampled rows, or None).
+
+    A call recorded without its hidden states (``hidden=None``: a draft step inside a CUDA graph,
+    ``graph_tap``) is fed each request's output hidden state of the reference's previous call
+    (``chain``: ``final_norm`` at the request's sampled row, rounded to bf16 as production keeps it)."""
+    chain = {} if chain is None else chain
+    if full.hidden is None:
+        if full.draft_step == 0:
+            raise ValueError("a draft step 0 without its hidden states (only steps >= 1 are chained)")
+        req = registry.peek(full)
+        missing = [int(r) for r in req if int(r) not in chain]
+        if missing:
+            raise ValueError(f"draft step {full.draft_step} without hidden states and no previous reference "
+                             f"step of request(s) {sorted(set(missing))[:4]} to chain from")
+        full = dataclasses.replace(full, hidden=torch.stack([chain[int(r)] for r in req]))
     keep, rejected = step0_rows(full, every_step=multi_module)
     call = full if keep.numel() == full.num_tokens else _sub_call(full, keep)
     t = call.num_tokens
@@ -224,6 +250,9 @@ def _replay_call(cfg, shards, full: DraftCall, cache, registry, num, force, shar
                                  f"last_token_indices {None if full.last_token_indices is None else full.last_token_indices.tolist()}")
     res, compacted = _replay_rows(cfg, shards, call, cache, request, layer, num, force, shared_rows, rows)
     res.rows = None if call is full else keep
+    if rows is not None and "final_norm" in res.trace:
+        for row in rows.tolist():
+            chain[int(request[row])] = res.trace["final_norm"][row].to(torch.bfloat16)
     if rejected:  # production wrote garbage there: never to be read before rewritten
         req_ids = token_requests(call.query_start_loc, t)
         for r, positions in rejected.items():

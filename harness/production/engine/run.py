@@ -51,6 +51,7 @@ only parameters that match are exempt from the audit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -95,7 +96,8 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
     return dict(
         **kw, model=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
         block_size=BLOCK_SIZE, max_model_len=1024, max_num_batched_tokens=2048, max_num_seqs=8,
-        enforce_eager=True, load_format="dummy", gpu_memory_utilization=util,
+        # graphs: nothing set, so vLLM picks what `vllm serve` runs by default (recorded: compilation)
+        enforce_eager=not case.graphs, load_format="dummy", gpu_memory_utilization=util,
         enable_prefix_caching=False,  # a cache hit would skip draft KV writes the reference needs
         disable_log_stats=False,  # LLM.get_metrics() (vLLM's spec-decode counters) needs stat logging
         seed=case.seed,
@@ -578,6 +580,11 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     from harness.production.kernel_paths import model_paths
     base["model_kernel_paths"] = model_paths(draft)
     base["runner"]["mtp_layers_run"] = mtp_layers_run(type(prop).__name__, cfg.num_mtp_layers)
+    from harness.production.engine.graph_tap import compilation_facts
+    base["compilation"] = compilation_facts(runner.vllm_config)
+    log("compilation:", json.dumps(base["compilation"]))
+    if case.graphs and "MultiModule" in type(prop).__name__:
+        raise RuntimeError(f"graph mode is judged for single-module MTP speculators; vLLM picked {type(prop).__name__}")
     log("MTP layers run:", base["runner"]["mtp_layers_run"])
     base["sharing"] = sharing_facts(draft, target)
     log("engine:", json.dumps(base["runner"]), "sharing:", json.dumps(base["sharing"]))
@@ -592,17 +599,31 @@ def build_session(case: EngineCase, *, log=print) -> dict:
 
 
 def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant: dict | None = None,
-                       t0: float | None = None, stem: str | None = None) -> dict:
+                       t0: float | None = None, stem: str | None = None, eager_drafter: bool = False) -> dict:
     """One greedy generation on ``sess``'s engine with fresh taps, recorded (under ``out``, as
-    ``stem``: default ``engine_calls_<case>``), replayed by the reference and judged: the report."""
+    ``stem``: default ``engine_calls_<case>``), replayed by the reference and judged: the report.
+
+    A graph-mode case (``case.graphs``) is recorded at the speculator's Python seams
+    (``graph_tap``); when it fails, the generation runs again with the drafter forced eager
+    (``eager_drafter``: every draft forward tapped, the target still in graphs) and the verdict's
+    first line says which of the two differs from the reference (``_graph_attribution``)."""
+    from harness.production.engine.graph_tap import GraphTap, drafter_forced_eager, graph_calls, target_calls
+
     t0 = time.perf_counter() if t0 is None else t0
     case, cfg, weights, plan = sess["case"], sess["cfg"], sess["weights"], sess["plan"]
     rep: dict = {**sess["base"], "timing_s": {"build": sess["build_s"]}}
     if mutant is not None:
         rep["mutant"] = mutant
-    tap = DrafterTap(sess["proposer"], sess["draft"])
-    ttap = TargetTap(sess["target"])
-    rep["attach_notes"] = tap.attach_notes
+    graphs = case.graphs
+    rep["drafter_mode"] = ("eager (forced) in a CUDA-graph engine" if graphs and eager_drafter
+                           else "CUDA graphs" if graphs else "eager")
+    # graph mode: the seams always (they give the target side); the per-forward taps only when
+    # the drafter runs eager (attached after, so its propose wrapper calls the seams')
+    gtap = GraphTap(sess["proposer"], sess["draft"]) if graphs else None
+    tap = DrafterTap(sess["proposer"], sess["draft"]) if not graphs or eager_drafter else None
+    ttap = None if graphs else TargetTap(sess["target"])
+    taps = [t for t in (tap, gtap, ttap) if t is not None]
+    rep["attach_notes"] = tap.attach_notes if tap is not None else []
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=case.max_tokens, ignore_eos=True, detokenize=False)
@@ -610,18 +631,31 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
     from harness.production.engine import spec_counts
     before = spec_counts.read_metric_totals(sess["llm"])  # cumulative over the process: a difference
     t1 = time.perf_counter()
-    tap.armed = ttap.armed = True
+    for t in taps:
+        t.armed = True
     try:
-        outs = sess["llm"].generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        with drafter_forced_eager() if eager_drafter else contextlib.nullcontext():
+            outs = sess["llm"].generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     finally:
-        tap.armed = ttap.armed = False
-        tap.remove()
-        ttap.remove()
+        for t in taps:
+            t.armed = False
+            t.remove()
     rep["timing_s"]["generate"] = time.perf_counter() - t1
     rep["generated"] = [list(o.outputs[0].token_ids) for o in outs]
     rep["vllm_spec_decode"] = spec_counts.vllm_counters(outs, before, spec_counts.read_metric_totals(sess["llm"]))
     log("vLLM's spec-decode counters:", json.dumps(rep["vllm_spec_decode"]))
-    errors = tap.errors + ttap.errors
+    errors = [e for t in taps for e in t.errors]
+    if gtap is not None:
+        targets = target_calls(gtap.steps)
+        rep["graph_replays"] = graph_replay_counts(gtap.steps)
+        log("draft steps by CUDA-graph mode:", json.dumps(rep["graph_replays"]))
+        if tap is not None:
+            calls, proposals = tap.calls, tap.proposals
+        else:
+            calls = graph_calls(gtap.steps, rep["runner"]["max_model_len"])
+            proposals = gtap.proposals()
+    else:
+        calls, proposals, targets = tap.calls, tap.proposals, ttap.calls
     for e in errors[:3]:
         log("tap error:", e)
     if plan is not None:  # the edited target must continue every prompt with f
@@ -635,12 +669,12 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
                     "sharing": rep["sharing"], "load": rep["load"], "tap_errors": errors,
                     "generated": rep["generated"], "prompts": prompts, "mutant": rep.get("mutant"),
                     "target_follows_f": rep.get("target_follows_f"), "vllm_spec_decode": rep["vllm_spec_decode"]}
-            rep["recording"] = save_recording(stem, tap.calls, tap.proposals, meta, targets=ttap.calls)
+            rep["recording"] = save_recording(stem, calls, proposals, meta, targets=targets)
             log("recording:", stem + ".safetensors", json.dumps(rep["recording"]))
         except Exception:  # noqa: BLE001 - the verdict does not depend on it
             rep["recording"] = {"error": traceback.format_exc()}
             log("recording failed:", rep["recording"]["error"])
-    rep.update(judge_run(cfg, weights, tap.calls, tap.proposals, errors, case, targets=ttap.calls,
+    rep.update(judge_run(cfg, weights, calls, proposals, errors, case, targets=targets,
                          multi_module="MultiModule" in rep["runner"]["proposer"],
                          max_model_len=rep["runner"]["max_model_len"], prompts=prompts,
                          generated=rep["generated"], log=log))
@@ -649,7 +683,38 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
     rep["problems"] = verdict_problems(rep)
     rep["acceptance_disagreements"] = acceptance_disagreements(rep)
     rep["passed"] = rep["problems"] == []
+    if graphs and not eager_drafter and not rep["passed"]:
+        log("graph-mode run failed: the same generation again with the drafter eager")
+        t2 = time.perf_counter()
+        eager = generate_and_judge(sess, log=lambda *a, **k: None, mutant=mutant, eager_drafter=True)
+        rep["eager_rerun"] = {"passed": eager["passed"], "problems": eager["problems"][:8],
+                              "counts": eager.get("counts"), "acceptance": eager.get("acceptance"),
+                              "components": eager.get("components"), "wall_s": time.perf_counter() - t2}
+        rep["problems"] = _graph_attribution(rep["problems"], eager)
+        rep["timing_s"]["eager_rerun"] = rep["eager_rerun"]["wall_s"]
     return rep
+
+
+def graph_replay_counts(steps) -> dict:
+    """Draft prefills and decodes per CUDA-graph mode over a graph-mode run's engine steps."""
+    out: dict = {"prefill": {}, "decode": {}}
+    for s in steps:
+        for phase in ("prefill", "decode"):
+            mode = s.modes.get(phase)
+            if mode is not None:
+                out[phase][mode] = out[phase].get(mode, 0) + 1
+    return out
+
+
+def _graph_attribution(graph_problems: list[str], eager: dict) -> list[str]:
+    """The problems of a failed graph-mode run, first line saying whether graph replay or the
+    drafter itself (eager too) differs from the reference."""
+    first = graph_problems[0] if graph_problems else "failed"
+    if eager["passed"]:
+        return [f"graph replay differs from eager (capture bug: the same generation with the drafter eager "
+                f"passes): {first}", *graph_problems[1:]]
+    return [f"graph replay and eager both differ from the reference (a numeric bug, not capture): "
+            f"eager: {eager['problems'][0]}", f"graph replay: {first}", *graph_problems[1:]]
 
 
 def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: str | None = None) -> dict:
@@ -822,6 +887,11 @@ def verdict_problems(rep: dict) -> list[str]:
         p.append(f"synthetic weights did not land in the live draft: {rep['load'].get('landed')}")
     if c["max_context"] <= c["index_topk"]:
         p.append(f"no call had a context longer than index_topk ({c['max_context']} <= {c['index_topk']})")
+    if rep.get("drafter_mode") == "CUDA graphs":
+        g = rep.get("graph_replays") or {}
+        if not any(m != "NONE" for phase in g.values() for m in phase):
+            p.append(f"CUDA-graph mode not exercised: no draft step ran under a graph ({g}; "
+                     f"compilation {rep.get('compilation')})")
     if c["num_speculative_tokens"] >= 2 and c["max_draft_steps"] < 2:
         p.append(f"the drafter ran {c['max_draft_steps']} step(s) per engine step (K={c['num_speculative_tokens']})")
     case = rep.get("case") if isinstance(rep.get("case"), dict) else {}
@@ -966,7 +1036,7 @@ def rejudge_dir(src: str, case_ids, out: str | None, *, debug: bool = False) -> 
 
 
 def _print_verdict(title: str, rep: dict) -> int:
-    problems = verdict_problems(rep)
+    problems = rep["problems"] if rep.get("problems") is not None else verdict_problems(rep)
     print(f"== {title}: PASS" if not problems else f"== {title}: FAIL: {problems[0]}", flush=True)
     for line in problems[1:12]:
         print("   problem:", line)

@@ -22,6 +22,12 @@ class SpeculatorMutant:
     case: str  # the engine case that exercises the patched code
     expect: str  # what the first failing line must name
     what: str
+    # capture-only bugs: also judged on this eager case, where they must pass (the bug lives in
+    # graph capture / replay alone)
+    passes_eager: str | None = None
+    # patches graph capture, which runs while the engine is built: planted before the build only
+    # (bisect-check / --mutant), never in a --sweep of a live engine
+    at_build: bool = False
 
 
 MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
@@ -37,7 +43,19 @@ MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
                      "propose() feeds the target's hidden states shifted by one row"),
     SpeculatorMutant("spec-step-idx-ignored", "engine-accept-k2-two-layers", "MTP layer",
                      "MultiModuleMTPSpeculator._run_model runs MTP module 0 at every step"),
+    # capture-only bugs (CUDA graphs): each breaks graph replay alone
+    SpeculatorMutant("graph-hidden-buffer-stale", "engine-graphs-accept-k3-share", "graph replay",
+                     "propose() writes the target's hidden states into a buffer re-allocated after capture: "
+                     "eager code reads it, captured graphs read the old address (stale rows)",
+                     passes_eager="engine-accept-k3-share"),
+    SpeculatorMutant("graph-skip-topk-not-captured", "engine-graphs-accept-k3-share", "graph replay",
+                     "the draft-decode graphs are captured without on_multi_step_decode_begin: skip_topk is "
+                     "baked in off, so replayed steps >= 1 rerun the indexer instead of reusing step 0's rows",
+                     passes_eager="engine-accept-k3-share", at_build=True),
 )}
+
+# the mutants a sweep of one live engine can plant and undo
+SWEEPABLE = tuple(n for n, m in MUTANTS.items() if not m.at_build)
 
 def _vllm(name: str):
     """A speculator internal, wherever the installed release keeps it (``vllm_compat``)."""
@@ -109,6 +127,36 @@ class _Patches:
             return orig(self, *args, **kwargs)
 
         undo.setattr(cls, "propose", propose)
+
+    @staticmethod
+    def graph_hidden_buffer_stale(undo):
+        cls = _vllm("speculator.TargetDependentARSpeculator")
+        orig = cls.propose
+
+        def propose(self, *args, **kwargs):
+            kept = self.hidden_states
+            stale = self.__dict__.setdefault("_hyv4_mutant_hidden", kept.clone())
+            self.hidden_states = stale  # Python writes and eager forwards read this one
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                self.hidden_states = kept
+
+        undo.setattr(cls, "propose", propose)
+
+    @staticmethod
+    def graph_skip_topk_not_captured(undo):
+        cls = _vllm("speculator.MTPSpeculator")
+        orig = cls.capture
+
+        def capture(self, *args, **kwargs):
+            self.on_multi_step_decode_begin = lambda num_reqs: None  # (instance attribute: capture only)
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                del self.on_multi_step_decode_begin
+
+        undo.setattr(cls, "capture", capture)
 
     @staticmethod
     def spec_step_idx_ignored(undo):
