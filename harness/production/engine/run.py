@@ -588,14 +588,31 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     log("MTP layers run:", base["runner"]["mtp_layers_run"])
     base["sharing"] = sharing_facts(draft, target)
     log("engine:", json.dumps(base["runner"]), "sharing:", json.dumps(base["sharing"]))
+    # graphs were captured while the engine was built: what is loaded or edited from here on must
+    # land at the addresses they read (in place), or graph replay would judge vLLM's dummy weights
+    ptrs = _param_addresses(draft, target) if case.graphs else None
     base["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)
     log("load:", json.dumps(base["load"]))
     if plan is not None:
         from harness.production.engine.acceptance import edit_target
         base["target_edits"] = edit_target(target, weights["embed_tokens"], weights["lm_head"])
         log("target edited:", len(base["target_edits"]["zeroed"]), "output projections zeroed")
+    if ptrs is not None:
+        moved = sorted(k for k, v in _param_addresses(draft, target).items() if ptrs.get(k) != v)
+        if moved:
+            raise RuntimeError(f"loading the harness's weights after CUDA-graph capture re-allocated "
+                               f"{len(moved)} tensor(s) ({', '.join(moved[:4])}): the graphs read the old ones")
     return {"case": case, "cfg": cfg, "weights": weights, "plan": plan, "llm": llm, "proposer": prop,
             "draft": draft, "target": target, "base": base, "build_s": build_s}
+
+
+def _param_addresses(draft, target) -> dict[str, int]:
+    """{"draft.<name>" / "target.<name>": data pointer} of every parameter and buffer."""
+    out = {}
+    for tag, m in (("draft", draft), ("target", target)):
+        for name, t in [*m.named_parameters(), *m.named_buffers()]:
+            out[f"{tag}.{name}"] = t.data_ptr()
+    return out
 
 
 def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant: dict | None = None,
