@@ -43,12 +43,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-import traceback
 
 import torch
 
 from harness.production.engine.bookkeeping import TargetCall
 from harness.production.engine.replay import DraftCall
+from harness.production.engine.tap_guard import Guarded
 
 
 @dataclasses.dataclass
@@ -102,14 +102,14 @@ def topk_buffer(draft):
     return getattr(getattr(sa.mla_attn, "impl", None), "topk_indices_buffer", None)
 
 
-class GraphTap:
+class GraphTap(Guarded):
     """Instance wrappers on the proposer (and its CUDA-graph managers) that record one
     ``GraphStep`` per ``propose``; nothing in vLLM changes. ``remove()`` restores them."""
 
     def __init__(self, proposer, draft) -> None:
+        super().__init__()
         self.proposer, self.draft = proposer, draft
         self.steps: list[GraphStep] = []
-        self.errors: list[str] = []
         self.armed = False
         self.cur: GraphStep | None = None
         self.buffer = topk_buffer(draft)
@@ -137,13 +137,6 @@ class GraphTap:
             if attr in vars(obj):
                 delattr(obj, attr)
         self._wrapped.clear()
-
-    def _guard(self, what: str, fn) -> None:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - never break the engine; report it
-            if len(self.errors) < 20:
-                self.errors.append(f"{what}: {traceback.format_exc()}")
 
     def _before_hook(self, hook: str, record):
         def make(orig):

@@ -66,6 +66,7 @@ from harness.atomic import atomic_write_json
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, first_line
 from harness.production.engine.cases import ENGINE_CASES, EngineCase
 from harness.production.engine.cli import check_out_dir
+from harness.production.engine.tap_guard import Guarded
 from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
                                               replay, run_facts, save_recording)
 from harness.production.module import audit, build, capture
@@ -269,14 +270,14 @@ def _arg(args, kwargs, name, index):
     return args[index] if len(args) > index else None
 
 
-class DrafterTap:
+class DrafterTap(Guarded):
     """Hooks on the proposer and its ``HYV4MTP`` that record one ``DraftCall`` per draft forward."""
 
     def __init__(self, proposer, draft) -> None:
+        super().__init__()
         self.proposer, self.draft = proposer, draft
         self.calls: list[DraftCall] = []
         self.proposals: list[dict] = []
-        self.errors: list[str] = []
         self.armed = False
         self.engine_step, self.draft_step, self.in_propose = -1, 0, False
         self._last_out: torch.Tensor | None = None
@@ -308,13 +309,6 @@ class DrafterTap:
             if self.armed and self.rec.enabled and self.calls:
                 self.calls[-1].layer_ran = index
         return hook
-
-    def _guard(self, what: str, fn) -> None:
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - never break the engine; report it
-            if len(self.errors) < 20:
-                self.errors.append(f"{what}: {traceback.format_exc()}")
 
     # proposer.propose: one call per engine step
     def _propose(self, *args, **kwargs):
@@ -417,16 +411,16 @@ def layer_metadata(layer_name: str):
     return mds, md
 
 
-class TargetTap:
+class TargetTap(Guarded):
     """Hooks on the target model: one ``bookkeeping.TargetCall`` per armed forward (ids,
     positions, the hidden states it returns, i.e. what the drafter is fed, and the greedy
     token at every row: the LM head over those hidden states, the same function the runner
     samples from)."""
 
     def __init__(self, target) -> None:
+        super().__init__()
         self.target = target
         self.calls: list = []
-        self.errors: list[str] = []
         self.armed = False
         first = next(iter(target.model.layers))
         self.layer_name = first.self_attn.mla_attn.layer_name
@@ -450,11 +444,7 @@ class TargetTap:
     def _post(self, _module, _args, output):
         if not self.armed or self._pending is None:
             return
-        try:
-            self._record(output)
-        except Exception:  # noqa: BLE001 - never break the engine; report it
-            if len(self.errors) < 20:
-                self.errors.append(f"target tap: {traceback.format_exc()}")
+        self._guard("target tap", lambda: self._record(output))
         self._pending = None
 
     def _record(self, output) -> None:
