@@ -538,11 +538,13 @@ def collect_engine_cases(runs: list[_EngineRun]) -> tuple[dict, int]:
             problems = rep.get("problems") or []
             out[r.case_id] = {"exit": returncode, "problems": problems[:20], "acceptance": rep.get("acceptance"),
                               "counts": rep.get("counts"), "timing_s": rep.get("timing_s"),
-                              "mutant": rep.get("mutant")}
+                              "mutant": rep.get("mutant"), "drafter_mode": rep.get("drafter_mode"),
+                              "compilation": rep.get("compilation"), "graph_replays": rep.get("graph_replays")}
+            label = r.case_id + (" [CUDA graphs]" if rep.get("drafter_mode") == "CUDA graphs" else "")
             if code == EXIT_OK:
-                print(f"ok   engine {r.case_id}" + (f" (acceptance {_rates(rep)})" if rep.get("acceptance") else ""))
+                print(f"ok   engine {label}" + (f" (acceptance {_rates(rep)})" if rep.get("acceptance") else ""))
             elif code == EXIT_MISMATCH:
-                print(f"FAIL engine {r.case_id}: {problems[0] if problems else 'exit 1, no report'}")
+                print(f"FAIL engine {label}: {problems[0] if problems else 'exit 1, no report'}")
             else:
                 with open(os.path.join(r.tmp.name, "output.txt"), errors="replace") as f:
                     tail = f.read().strip().splitlines()[-1:] or ["no output"]

@@ -106,8 +106,16 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
     )
 
 
-def build_llm(hf_config: dict, case: EngineCase):
-    """``vllm.LLM`` in this process for ``hf_config`` (target + MTP draft, dummy weights)."""
+# what a failed torch.compile says (Dynamo / Inductor / Triton codegen): a graph-mode case then
+# runs CUDA graphs without compile, and its verdict line says so
+_COMPILE_ERRORS = ("torch._dynamo", "torch._inductor", "inductor", "dynamo", "torch.compile",
+                   "BackendCompilerFailed", "InductorError")
+
+
+def build_llm(hf_config: dict, case: EngineCase, *, log=print):
+    """``vllm.LLM`` in this process for ``hf_config`` (target + MTP draft, dummy weights).
+    A graph-mode case whose torch.compile fails on this host is built again with compilation
+    mode NONE (CUDA graphs kept); ``llm.hyv4_compile_fallback`` holds why, else None."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core + worker in this process
     from vllm import LLM
 
@@ -115,7 +123,19 @@ def build_llm(hf_config: dict, case: EngineCase):
     from harness.runtime import end_gc_deferral
 
     end_gc_deferral()  # `python -m harness.production.engine` paused it for its imports
-    return LLM(**engine_kwargs(write_model_dir(hf_config), case))
+    kw = engine_kwargs(write_model_dir(hf_config), case)
+    try:
+        llm = LLM(**kw)
+        fallback = None
+    except Exception as exc:  # noqa: BLE001 - only a compile failure is retried
+        text = f"{exc.__class__.__name__}: {exc}"
+        if not case.graphs or not any(k in text for k in _COMPILE_ERRORS):
+            raise
+        fallback = f"torch.compile failed on this host ({first_line(text)[:200]}): CUDA graphs without compile"
+        log("graph mode:", fallback)
+        llm = LLM(**kw, compilation_config={"mode": 0})  # CompilationMode.NONE, CUDA graphs kept
+    llm.hyv4_compile_fallback = fallback
+    return llm
 
 
 def _model_runner_of(worker):
@@ -560,7 +580,7 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     cfg = R.MTPConfig.from_hf_dict(hf)
     check_kernel_constraints(cfg)
     base: dict = {"case": dataclasses.asdict(case), **run_facts()}
-    llm = build_llm(hf, case)
+    llm = build_llm(hf, case, log=log)
     build_s = time.perf_counter() - t0
     runner = model_runner(llm)
     prop, draft, target, kind = drafter_of(runner)
@@ -572,6 +592,7 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     base["runner"]["mtp_layers_run"] = mtp_layers_run(type(prop).__name__, cfg.num_mtp_layers)
     from harness.production.engine.graph_tap import compilation_facts
     base["compilation"] = compilation_facts(runner.vllm_config)
+    base["compilation"]["compile_fallback"] = getattr(llm, "hyv4_compile_fallback", None)
     log("compilation:", json.dumps(base["compilation"]))
     if case.graphs and "MultiModule" in type(prop).__name__:
         raise RuntimeError(f"graph mode is judged for single-module MTP speculators; vLLM picked {type(prop).__name__}")
@@ -1044,6 +1065,10 @@ def rejudge_dir(src: str, case_ids, out: str | None, *, debug: bool = False) -> 
 
 def _print_verdict(title: str, rep: dict) -> int:
     problems = rep["problems"] if rep.get("problems") is not None else verdict_problems(rep)
+    comp = rep.get("compilation") or {}
+    if rep.get("drafter_mode") == "CUDA graphs":  # which configuration was judged, on the verdict line
+        title += (f" [CUDA graphs: cudagraph_mode {comp.get('cudagraph_mode')}, compile {comp.get('compile_mode')}"
+                  + (f"; {comp['compile_fallback']}" if comp.get("compile_fallback") else "") + "]")
     print(f"== {title}: PASS" if not problems else f"== {title}: FAIL: {problems[0]}", flush=True)
     for line in problems[1:12]:
         print("   problem:", line)
