@@ -25,6 +25,9 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from harness.runtime import apply_jit_cache  # noqa: E402
+
+apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harness` does (the eager twin inherits it)
 
 
 def _eager_twin(case_id: str, out: pathlib.Path) -> dict:

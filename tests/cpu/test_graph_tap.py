@@ -114,6 +114,10 @@ def test_target_calls_take_the_rejection_samplers_counts():
                      last_sampled=torch.tensor([77, 88]))
     (tc,) = target_calls([step])
     assert tc.sample_rows.tolist() == [0, 1, 4] and tc.greedy.tolist() == [51, 77, 88]
+    assert tc.request_keys.tolist() == [4, 1]
+    # paired with draft calls that key requests another way (first KV block): their keys, same order
+    (tc,) = target_calls([step], keys={0: torch.tensor([130, 70])})
+    assert tc.request_keys.tolist() == [130, 70]
 
 
 def test_graph_tap_records_at_the_seams_and_restores_them():
@@ -196,6 +200,19 @@ def test_capture_only_mutants_are_judged_in_both_modes():
             assert not ENGINE_CASES[m.case].graphs or name in SWEEPABLE
             continue
         assert ENGINE_CASES[m.case].graphs and not ENGINE_CASES[m.passes_eager].graphs, name
-        assert m.expect == "graph replay"
+        assert m.expect == "graph replay differs from eager"
     assert all(not MUTANTS[n].at_build for n in SWEEPABLE)
     assert any(m.at_build for m in MUTANTS.values())
+
+
+def test_a_known_vllm_gap_is_matched_by_the_speculator_vllm_picked():
+    import dataclasses as dc
+
+    from harness.production.engine.run import case_from_dict, upstream_gap
+
+    case = ENGINE_CASES["engine-accept-k2-two-layers-share"]
+    assert case_from_dict(dc.asdict(case)) == case
+    rep = {"case": dc.asdict(case), "runner": {"proposer": "MultiModuleMTPSpeculator"}}
+    assert upstream_gap(rep)[0] == "MultiModule"
+    rep["runner"]["proposer"] = "MTPSpeculator"
+    assert upstream_gap(rep) is None

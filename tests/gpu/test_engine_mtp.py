@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from harness.production.engine.cases import ENGINE_CASES
-from harness.production.engine.run import rejudge, verdict_problems
+from harness.production.engine.run import rejudge, upstream_gap, verdict_problems
 
 pytestmark = pytest.mark.gpu
 
@@ -47,6 +47,12 @@ def test_engine_draft_tokens_match_reference(case_id, tmp_path):
     assert "error" not in rep, f"the engine run crashed:\n{rep['error']}"
     c = rep["counts"]
     print("counts:", json.dumps(c))
+    gap = upstream_gap(rep)
+    if gap is not None:  # a speculator that ignores part of the checkpoint: the harness must say so
+        print("known vLLM gap:", gap[2])
+        assert proc.returncode == 1 and gap[1] in rep["problems"][0], rep["problems"][:3]
+        assert c["mismatches"] == 0 and c["compared"] >= MIN_COMPARED, c  # the drafts themselves agree
+        return
     assert c["mismatches"] == 0, json.dumps(rep["mismatch_examples"], indent=1)
     assert c["compared"] >= MIN_COMPARED, c
     assert c["max_context"] > c["index_topk"], c

@@ -264,13 +264,19 @@ def graph_calls(steps: list[GraphStep], max_model_len: int) -> list[DraftCall]:
     return calls
 
 
-def target_calls(steps: list[GraphStep]) -> list[TargetCall]:
+def target_calls(steps: list[GraphStep], keys: dict | None = None) -> list[TargetCall]:
     """The bookkeeping's target side of a graph-mode run, one per ``propose``: the target's
     ids, positions and hidden states from the ``propose`` arguments, and as its greedy tokens
     what vLLM's rejection sampler kept (``num_sampled`` per request: the accepted drafts, which
-    are the next rows' ids, then ``last_sampled``)."""
+    are the next rows' ids, then ``last_sampled``). ``keys``: {engine step: request keys} of
+    the draft calls these are paired with, when those name requests another way (the
+    per-forward tap of the eager re-run keys them by first KV block, the seams by state row;
+    both list the batch's requests in the same order)."""
     out = []
     for s in steps:
+        req = s.request_keys
+        if keys is not None and s.engine_step in keys and keys[s.engine_step].numel() == req.numel():
+            req = keys[s.engine_step].long()
         if s.target_ids is None or s.num_sampled is None or s.last_sampled is None:
             continue
         qsl = s.query_start_loc.tolist()
@@ -288,7 +294,7 @@ def target_calls(steps: list[GraphStep]) -> list[TargetCall]:
                 rows.append(a + j)
                 greedy.append(int(s.last_sampled[r]) if j == n - 1 else int(s.target_ids[a + j + 1]))
         out.append(TargetCall(s.engine_step, s.target_ids.long(), s.target_positions.long(), s.target_hidden,
-                              s.query_start_loc, s.request_keys, torch.tensor(rows, dtype=torch.long),
+                              s.query_start_loc, req, torch.tensor(rows, dtype=torch.long),
                               torch.tensor(greedy, dtype=torch.long)))
     return out
 

@@ -674,12 +674,14 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
     log("vLLM's spec-decode counters:", json.dumps(rep["vllm_spec_decode"]))
     errors = [e for t in taps for e in t.errors]
     if gtap is not None:
-        targets = target_calls(gtap.steps)
         rep["graph_replays"] = graph_replay_counts(gtap.steps)
         log("draft steps by CUDA-graph mode:", json.dumps(rep["graph_replays"]))
-        if tap is not None:
+        if tap is not None:  # the eager re-run: the target side keyed as the per-forward tap keys requests
             calls, proposals = tap.calls, tap.proposals
+            targets = target_calls(gtap.steps, keys={c.engine_step: c.request_keys for c in calls
+                                                     if c.draft_step == 0 and c.engine_step >= 0})
         else:
+            targets = target_calls(gtap.steps)
             calls = graph_calls(gtap.steps, rep["runner"]["max_model_len"])
             proposals = gtap.proposals()
     else:
@@ -990,6 +992,7 @@ def case_from_dict(d: dict) -> EngineCase:
     for k in ("prompt_lens", "patterns", "known_audit"):
         d[k] = tuple(d.get(k, ()))
     d["expect_rates"] = tuple(tuple(x) for x in d.get("expect_rates", ()))
+    d["upstream_gaps"] = tuple(tuple(x) for x in d.get("upstream_gaps", ()))
     return EngineCase(**d)
 
 
@@ -1076,6 +1079,9 @@ def _print_verdict(title: str, rep: dict) -> int:
         print(f"   ... {len(problems) - 12} more problem(s) in the JSON report")
     for line in acceptance_disagreements(rep):
         print("   note (not in the verdict):", line)
+    gap = upstream_gap(rep)
+    if gap is not None and problems:
+        print("   known vLLM gap:", gap[2])
     print("   counts:", json.dumps(rep["counts"]))
     if rep.get("acceptance"):
         print("   acceptance as vLLM counts it (accepted/drafted per request; over every verify step):",
@@ -1093,6 +1099,13 @@ def _print_verdict(title: str, rep: dict) -> int:
     print("   sharing:", json.dumps(rep.get("sharing")), "facts:", json.dumps(rep["facts"]))
     print("   timing:", {k: round(v, 1) for k, v in rep["timing_s"].items()}, flush=True)
     return EXIT_MISMATCH if problems else EXIT_OK
+
+
+def upstream_gap(rep: dict):
+    """The case's ``upstream_gaps`` entry whose speculator vLLM picked for this run, or None."""
+    case = rep.get("case") if isinstance(rep.get("case"), dict) else {}
+    proposer = str((rep.get("runner") or {}).get("proposer", ""))
+    return next((tuple(g) for g in case.get("upstream_gaps") or () if g[0] in proposer), None)
 
 
 def worst_exit_code(codes) -> int:

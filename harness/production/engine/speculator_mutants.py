@@ -44,11 +44,11 @@ MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
     SpeculatorMutant("spec-step-idx-ignored", "engine-accept-k2-two-layers", "MTP layer",
                      "MultiModuleMTPSpeculator._run_model runs MTP module 0 at every step"),
     # capture-only bugs (CUDA graphs): each breaks graph replay alone
-    SpeculatorMutant("graph-hidden-buffer-stale", "engine-graphs-accept-k3-share", "graph replay",
+    SpeculatorMutant("graph-hidden-buffer-stale", "engine-graphs-accept-k3-share", "graph replay differs from eager",
                      "propose() writes the target's hidden states into a buffer re-allocated after capture: "
                      "eager code reads it, captured graphs read the old address (stale rows)",
                      passes_eager="engine-accept-k3-share"),
-    SpeculatorMutant("graph-skip-topk-not-captured", "engine-graphs-accept-k3-share", "graph replay",
+    SpeculatorMutant("graph-skip-topk-not-captured", "engine-graphs-accept-k3-share", "graph replay differs from eager",
                      "the draft-decode graphs are captured without on_multi_step_decode_begin: skip_topk is "
                      "baked in off, so replayed steps >= 1 rerun the indexer instead of reusing step 0's rows",
                      passes_eager="engine-accept-k3-share", at_build=True),
