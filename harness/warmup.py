@@ -316,15 +316,19 @@ def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str
 
 def _run_waves(jobs: list[list[dict]], tmp: str, steps: list, log) -> None:
     """Each wave's lanes at once, one ``python -m harness warmup`` process each; their steps to ``steps``."""
+    from .production.engine.cases import engine_env
     n = 0
     for wave in jobs:
         running = []
         for lane in wave:
             n += 1
             report, out = os.path.join(tmp, f"lane{n}.json"), os.path.join(tmp, f"lane{n}.log")
+            # an engine beside other lanes gets a fixed KV size: vLLM's memory profiling fails
+            # when another lane frees GPU memory meanwhile (seen on an H200 with vLLM 0.34.0)
+            env = engine_env(bool(lane["engine"]) and len(wave) > 1)
             with open(out, "w") as f:
                 proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
-                                        stdout=f, stderr=subprocess.STDOUT)
+                                        stdout=f, stderr=subprocess.STDOUT, env=env)
             running.append((n, lane, proc, report, out))
         failed = []
         for n_, lane, proc, report, out in running:

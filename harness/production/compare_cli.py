@@ -492,11 +492,9 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun
     import sys
     import tempfile
 
-    from harness.production.engine.run import ENGINE_KV_GIB_ENV
+    from harness.production.engine.cases import engine_env
 
-    env = dict(os.environ)
-    if (gpu_shared or len(case_ids) > 1) and not env.get(ENGINE_KV_GIB_ENV, "").strip():
-        env[ENGINE_KV_GIB_ENV] = "4"
+    env = engine_env(gpu_shared or len(case_ids) > 1)
     runs = []
     try:
         for cid in case_ids:

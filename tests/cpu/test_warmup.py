@@ -534,3 +534,34 @@ def test_model_info_wait_never_blocks_a_run_on_a_failed_or_hung_prefetch(tmp_pat
     assert not model_info.done_for(model_info.tree_key())
     model_info.wait()  # nothing running: nothing printed
     assert capsys.readouterr().err == ""
+
+
+def test_an_engine_lane_beside_other_lanes_gets_a_fixed_kv_size(tmp_path, monkeypatch):
+    """vLLM's memory profiling fails when another lane frees GPU memory meanwhile: an engine lane
+    that shares its wave gets ``HYV4_ENGINE_KV_CACHE_GIB`` (unless set); alone, it profiles."""
+    from harness import warmup
+    from harness.production.engine.cases import ENGINE_KV_GIB_ENV, SHARED_GPU_KV_GIB
+
+    monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
+    seen = []
+
+    class Lane:  # the lane process: writes an empty report, exits 0
+        def __init__(self, cmd, stdout=None, stderr=None, env=None):
+            seen.append(("--engine-only" in cmd, (env or {}).get(ENGINE_KV_GIB_ENV)))
+            with open(cmd[cmd.index("--report") + 1], "w") as f:
+                json.dump({"steps": []}, f)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(warmup.subprocess, "Popen", Lane)
+    engine = {"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}
+    warmup._run_waves([[engine, {"cases": ["tiny-k3-share"], "engine": None}]], str(tmp_path), [], lambda *a, **k: None)
+    assert sorted(seen) == [(False, None), (True, SHARED_GPU_KV_GIB)]
+    seen.clear()
+    warmup._run_waves([[engine]], str(tmp_path), [], lambda *a, **k: None)
+    assert seen == [(True, None)]
+    monkeypatch.setenv(ENGINE_KV_GIB_ENV, "6")
+    seen.clear()
+    warmup._run_waves([[engine, {"cases": ["tiny-k3-share"], "engine": None}]], str(tmp_path), [], lambda *a, **k: None)
+    assert (True, "6") in seen

@@ -4,6 +4,21 @@ warmup`` and ``compare`` check a case id, exit 2, before anything heavy is impor
 from __future__ import annotations
 
 import dataclasses
+import os
+
+# A fixed KV cache size for the engine (GiB): vLLM then skips its memory profiling, which fails
+# when another process on the same GPU allocates or frees memory meanwhile
+ENGINE_KV_GIB_ENV = "HYV4_ENGINE_KV_CACHE_GIB"
+SHARED_GPU_KV_GIB = "4"
+
+
+def engine_env(shared_gpu: bool, env: dict | None = None) -> dict:
+    """The environment of an engine subprocess: ``env`` (default ``os.environ``), with a fixed KV
+    size (``SHARED_GPU_KV_GIB`` unless one is set) when other processes use the GPU beside it."""
+    env = dict(os.environ if env is None else env)
+    if shared_gpu and not env.get(ENGINE_KV_GIB_ENV, "").strip():
+        env[ENGINE_KV_GIB_ENV] = SHARED_GPU_KV_GIB
+    return env
 
 
 @dataclasses.dataclass(frozen=True)

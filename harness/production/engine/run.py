@@ -64,7 +64,7 @@ import torch
 
 from harness.atomic import atomic_write_json
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, first_line
-from harness.production.engine.cases import ENGINE_CASES, EngineCase
+from harness.production.engine.cases import ENGINE_CASES, ENGINE_KV_GIB_ENV, EngineCase
 from harness.production.engine.cli import check_out_dir
 from harness.production.engine.tap_guard import Guarded
 from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
@@ -74,7 +74,6 @@ from harness.production.module.checkpoint_cast import cast_for_vllm
 
 # ---- building the engine and reaching the drafter ---------------------------------------------
 
-ENGINE_KV_GIB_ENV = "HYV4_ENGINE_KV_CACHE_GIB"  # set by .ci/gpu-tier when tests share one GPU
 
 def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
     """``vllm.LLM`` / ``EngineArgs`` arguments: eager, block 64, no tokenizer, dummy weights, MTP."""
