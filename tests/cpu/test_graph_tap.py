@@ -216,3 +216,37 @@ def test_a_known_vllm_gap_is_matched_by_the_speculator_vllm_picked():
     assert upstream_gap(rep)[0] == "MultiModule"
     rep["runner"]["proposer"] = "MTPSpeculator"
     assert upstream_gap(rep) is None
+
+
+def test_the_bookkeeping_pairs_the_seams_target_side_with_either_tap():
+    """The target side from ``propose``'s arguments, checked against draft calls keyed like the
+    seams (state rows) or like the eager re-run's per-forward tap (first KV block): no finding
+    when ``target_calls`` is given the calls' keys, a 'batch' finding when it is not (the pairing
+    the H200 runs got wrong)."""
+    from harness.production.engine import bookkeeping
+
+    gen = torch.Generator().manual_seed(2)
+    lens, r = [5, 3], 2
+    qsl = torch.tensor([0, 5, 8])
+    tids = torch.randint(0, 500, (8,), generator=gen)
+    last = torch.tensor([401, 402])
+    ids0 = torch.cat([torch.cat([tids[a + 1:b], last[i:i + 1]]) for i, (a, b) in enumerate([(0, 5), (5, 8)])])
+    pos = torch.cat([torch.arange(n) for n in lens])
+    hid = torch.randn(8, 4, generator=gen).to(torch.bfloat16)
+    step = GraphStep(engine_step=0, num_reqs=r, num_tokens=8, query_start_loc=qsl, request_keys=torch.tensor([3, 1]),
+                     seq_lens=torch.tensor(lens), target_ids=tids, target_positions=pos, target_hidden=hid,
+                     num_sampled=torch.tensor([1, 1]), last_sampled=last, ids0=ids0, positions0=pos, hidden0=hid,
+                     last_token_indices=torch.tensor([4, 7]), draft_tokens=torch.tensor([[7], [9]]),
+                     num_speculative_tokens=1)
+    calls = graph_calls([step], max_model_len=1024)
+    kw = dict(multi_module=False, num_layers=1, max_model_len=1024, prompts=[tids[:5].tolist(), tids[5:].tolist()])
+    ok = bookkeeping.check(calls, target_calls([step]), **kw)
+    assert ok["findings"] == [] and ok["checked"]["requests_steps"] == r, ok["findings"]
+    eager = [DraftCall(c.engine_step, c.draft_step, c.input_ids, c.positions, c.hidden, c.query_start_loc,
+                       torch.tensor([64, 128]), last_token_indices=c.last_token_indices, sample_rows=c.sample_rows,
+                       tokens=c.tokens) for c in calls]  # keyed by first KV block
+    bad = bookkeeping.check(eager, target_calls([step]), **kw)
+    assert any(f.what == "batch" for f in bad["findings"]), bad["findings"]
+    keys = {c.engine_step: c.request_keys for c in eager if c.draft_step == 0}
+    good = bookkeeping.check(eager, target_calls([step], keys=keys), **kw)
+    assert good["findings"] == [], good["findings"]
