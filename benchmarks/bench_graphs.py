@@ -20,7 +20,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -30,7 +29,7 @@ from harness.runtime import apply_jit_cache  # noqa: E402
 apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harness` does (the eager twin inherits it)
 
 
-def _eager_twin(case_id: str, out: pathlib.Path) -> dict:
+def _eager_twin(case_id: str) -> dict:
     """Build + judge the case with ``graphs=False`` in its own process: (build_s, generate_s, passed)."""
     code = ("import dataclasses, json, sys, time\n"
             "from harness.production.engine.cases import ENGINE_CASES\n"
@@ -91,7 +90,7 @@ def main(argv=None) -> int:
     print(f"drafter forced eager: {'PASS' if eager['passed'] else 'FAIL: ' + eager['problems'][0][:300]} "
           f"({eager_row['judge_s']:.1f} s)", flush=True)
     del sess
-    twin = _eager_twin(args.case, pathlib.Path(args.out or tempfile.gettempdir()))
+    twin = _eager_twin(args.case)
     doc = {"case": dataclasses.asdict(case), "compilation": rep.get("compilation"), "versions": rep.get("versions"),
            "build_s": build_s, "runs": runs, "eager_drafter": eager_row, "eager_twin": twin}
     warm = [r["judge_s"] for r in runs[1:]] or [runs[0]["judge_s"]]

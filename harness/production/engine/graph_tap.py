@@ -113,7 +113,7 @@ class GraphTap(Guarded):
         self.armed = False
         self.cur: GraphStep | None = None
         self.buffer = topk_buffer(draft)
-        self._wrapped: list[tuple[object, str]] = []
+        self._wrapped: list[tuple[object, str]] = []  # (object, attribute) wrapped, in order
         self._wrap(proposer, "propose", self._propose)
         for hook, fn in (("on_prefill_begin", self._prefill_begin), ("on_prefill_end", self._prefill_end),
                          ("on_multi_step_decode_begin", self._decode_begin)):
@@ -170,7 +170,7 @@ class GraphTap(Guarded):
             finally:
                 step, self.cur = self.cur, None
             if step is not None:
-                self._guard("propose outputs", lambda: self._end(step, out, kwargs))
+                self._guard("propose outputs", lambda: self._end(step, out))
             return out
         return propose
 
@@ -207,7 +207,7 @@ class GraphTap(Guarded):
         s.ids1, s.positions1 = _cpu(p.input_buffers.input_ids, num_reqs).long(), _cpu(p.input_buffers.positions, num_reqs).long()
         s.hidden1 = _cpu(p.hidden_states, num_reqs)
 
-    def _end(self, step: GraphStep, out, kwargs) -> None:
+    def _end(self, step: GraphStep, out) -> None:
         drafts = out[0] if isinstance(out, tuple) else out
         step.draft_tokens = _cpu(drafts)
         if self.buffer is not None:
