@@ -14,7 +14,12 @@ Steps, in this order (each a subprocess, timed here; all of them by default):
   main-cold     `python -m harness main` on its own EMPTY cache root (DIR/jit-main-cold, wiped first):
                 the README's main job on a fresh host (the bundle install not counted)
   main          `python -m harness main` warm (the README's main job)
+  bisect-cold   `python -m harness bisect-check` into the EMPTY JIT cache root (wiped first, as
+                warmup-cold): what a fresh host pays for its first verdict; later steps reuse what
+                it compiled, so run warmup-kept after it, not warmup-cold
   bisect        `python -m harness bisect-check` warm
+  bisect-graphs `python -m harness bisect-check --graphs` warm: the default set plus the
+                graph-mode engine case
   draft-step    production vs the float64 reference ON THE SAME GPU per draft step, at the
                 tiny / small / real-dims presets (benchmarks/bench_draft_step_gpu.py)
   cpu-tier      the CPU tier (`CI=true python -m pytest`, CUDA hidden) pinned to 2 cores with
@@ -40,7 +45,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from harness.timeline import format_summary, summarize  # noqa: E402  (imports nothing heavy)
 
-STEPS = ("warmup-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect", "draft-step", "cpu-tier")
+STEPS = ("warmup-cold", "bisect-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect", "bisect-graphs",
+         "draft-step", "cpu-tier")
 # issue 13's targets, seconds (draft-step: the reference/production ratio)
 TARGETS = {"tier_cold_s": 300.0, "tier_warm_s": 120.0, "main_cold_s": 60.0, "main_warm_s": 20.0, "bisect_warm_s": 60.0,
            "cpu_tier_s": 90.0, "draft_step_ratio": 3.0}
@@ -100,7 +106,7 @@ def main(argv=None) -> int:
             failed.append(key)
 
     for s in steps:
-        if s == "warmup-cold":
+        if s in ("warmup-cold", "bisect-cold"):
             shutil.rmtree(cache, ignore_errors=True)
         if s in ("warmup-cold", "warmup-warm", "warmup-kept"):
             rep = out / f"{s}.json"
@@ -131,10 +137,10 @@ def main(argv=None) -> int:
         elif s == "main":
             rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main.json")], out / "main.log", env)
             record("main", rc, secs)
-        elif s == "bisect":
-            rc, secs = _run([py, "-m", "harness", "bisect-check", "--report", str(out / "bisect.json")],
-                            out / "bisect.log", env)
-            record("bisect", rc, secs)
+        elif s in ("bisect-cold", "bisect", "bisect-graphs"):
+            rc, secs = _run([py, "-m", "harness", "bisect-check", "--report", str(out / f"{s}.json"),
+                             *(["--graphs"] if s == "bisect-graphs" else [])], out / f"{s}.log", env)
+            record(s, rc, secs)
         elif s == "draft-step":
             for name, extra in (("tiny", []), ("small", []), ("real-dims", ["--requests", "2", "--tokens", "64"])):
                 log = out / f"draft-step-{name}.log"
@@ -171,7 +177,9 @@ def print_table(res: dict) -> None:
                                ("tier", "pytest -m gpu (warm, xdist)", None),
                                ("main-cold", "harness main, empty cache", "main_cold_s"),
                                ("main", "harness main, warm", "main_warm_s"),
+                               ("bisect-cold", "bisect-check, empty cache", None),
                                ("bisect", "bisect-check, warm", "bisect_warm_s"),
+                               ("bisect-graphs", "bisect-check --graphs, warm", None),
                                ("cpu-tier", "CPU tier (2 cores)", "cpu_tier_s")):
         if key in res:
             c = res[key].get("counts")

@@ -3,9 +3,9 @@
     python benchmarks/bench_releases.py --out DIR --env 0.33.0=/tmp/vllm-0.33.0 --env 0.34.0=/tmp/vllm-0.34.0
 
 For each release environment (a venv from the offline bundle, tools/offline-bundle/README.md),
-in the order given, ``benchmarks/bench_gpu_tier.py --only warmup-cold,bisect`` under that
-environment's python: the JIT compile of a fresh host (an EMPTY cache root per release) and then
-``bisect-check`` warm on it. Prints each release's seconds and each later release's ratio to the
+in the order given, ``benchmarks/bench_gpu_tier.py --only bisect-cold,bisect`` under that
+environment's python: ``bisect-check`` on a fresh host (an EMPTY JIT cache root per release) and
+then warm on it. Prints each release's seconds and each later release's ratio to the
 first; the per-release JSON stays in DIR/<release>/bench_gpu_tier.json.
 """
 
@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STEPS = ("warmup-cold", "bisect")
+STEPS = ("bisect-cold", "bisect")
 
 
 def main(argv=None) -> int:
