@@ -162,18 +162,18 @@ def cmd_synth(args) -> int:
 
 
 def _on_production(command: str, args) -> int:
-    """Run ``harness.production.compare_cli.<command>`` or exit 125 where production cannot run.
+    """Run ``harness.commands.compare.<command>`` or exit 125 where production cannot run.
 
     Arguments are checked first (a wrong flag is exit 2 on any machine)."""
     from . import runtime
-    from .production.compare_cli import validate_args
+    from .commands.compare import validate_args
 
     validate_args(command, args)
     reason = runtime.cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return EXIT_CANNOT_JUDGE
-    from .production import compare_cli
+    from .commands import compare as compare_cli
     from .production.kernel_paths import judged_without
 
     without = judged_without()  # a missing optional kernel, judged anyway on request: said first and last
@@ -195,7 +195,7 @@ def cmd_main_job(args) -> int:
     GPU is present; else the reference checked against its goldens. Its arguments are those of
     ``compare`` and are checked as such on any machine (bad input is exit 2 with or without a GPU)."""
     from . import runtime
-    from .production.compare_cli import validate_args
+    from .commands.compare import validate_args
 
     validate_args("compare_command", args)
     reason = runtime.cannot_run_production_reason()

@@ -358,7 +358,7 @@ def run(args, log=print) -> dict:
 
     from .production.cases import GPU_CASES
     from .production.engine.cases import ENGINE_CASES
-    from .production.engine.run import run_case as run_engine_case
+    from .production.engine.judge import run_case as run_engine_case
     from .production.module.side_by_side import run_production_side, versions
 
     cases = [] if getattr(args, "engine_only", False) else args.case or list(GPU_CASES)

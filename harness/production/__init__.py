@@ -6,7 +6,6 @@
     engine/       the engine path: ``vllm.LLM`` with vLLM's own MTP speculator, recorded and replayed
     tp/           tensor parallelism: one process per rank, rank traces merged by the registry's rules
     goldens/      production goldens: vLLM's own trace recorded per platform, checked tightly
-    compare_cli.py  ``python -m harness compare`` / ``bisect-check`` over all of the above
 
 API:
     out = run_production(hf_config, weights_ckpt, first, steps)   # {"step0.attn.core": ...}

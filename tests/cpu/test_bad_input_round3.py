@@ -34,7 +34,7 @@ class ProductionReached(AssertionError):
 def gpu_host(monkeypatch):
     """Looks like a GPU host; any production run, engine or mutant catalogue fails the test."""
     from harness import runtime
-    from harness.production import compare_cli
+    from harness.commands import compare as compare_cli
     from harness.production.module import side_by_side
 
     def must_not_run(*a, **kw):
@@ -214,7 +214,7 @@ def test_bad_input_is_answered_before_the_gpu_question(tmp_path, capsys, gpu_hos
 
 def test_engine_command_checks_its_outputs_and_variables_first(tmp_path, capsys, monkeypatch):
     from harness import runtime
-    from harness.production.engine.cli import main as engine_main
+    from harness.commands.engine import main as engine_main
 
     monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
     f = tmp_path / "afile"
@@ -388,7 +388,7 @@ def test_bad_values_name_their_flag(argv, culprit, tmp_path, capsys, gpu_host):
 
 
 def test_a_truncated_recording_is_bad_input(tmp_path, capsys):
-    from harness.production.engine.cli import main as engine_main
+    from harness.commands.engine import main as engine_main
     from harness.production.engine.replay import RECORDING_FORMAT
 
     (tmp_path / "engine_calls_engine-accept-k3-share.json").write_text(json.dumps(

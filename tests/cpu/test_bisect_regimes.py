@@ -13,7 +13,7 @@ import pytest
 import reference as R
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
-from harness.production import compare_cli
+from harness.commands import compare as compare_cli
 from harness.production.goldens import goldens_gpu
 from harness.production.module import side_by_side as sbs
 from harness.production.verdict.fp8_emulation import as_production_trace
@@ -109,7 +109,7 @@ def test_engines_run_beside_the_side_by_side_and_report_after_it(tmp_path, faked
 def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, monkeypatch):
     import subprocess
 
-    from harness.production.engine.run import ENGINE_KV_GIB_ENV
+    from harness.production.engine.session import ENGINE_KV_GIB_ENV
 
     started = []
 

@@ -22,7 +22,7 @@ from harness.cases import CASES
 from harness.production.engine import acceptance as A
 from harness.production.engine.bookkeeping import TargetCall, check
 from harness.production.engine.cases import EngineCase
-from harness.production.engine.run import judge_run, verdict_problems
+from harness.production.engine.judge import judge_run, verdict_problems
 from harness.production.engine.replay import DraftCall
 from reference.mtp import compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
@@ -241,7 +241,7 @@ def test_a_planted_speculator_bug_is_undone():
 def test_sweep_flags_are_checked_first(argv, culprit, capsys):
     """``engine --sweep`` (one engine, every mutant of the case): bad flags exit 2 in one line,
     before any GPU question."""
-    from harness.production.engine.cli import main
+    from harness.commands.engine import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

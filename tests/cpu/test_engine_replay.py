@@ -15,7 +15,8 @@ import torch
 import reference as R
 from harness.cases import CASES
 from harness.compare import logit_margin_decisive
-from harness.production.engine.run import match_rows, verdict_problems, worst_exit_code
+from harness.production.engine.judge import verdict_problems, worst_exit_code
+from harness.production.engine.taps import match_rows
 from harness.production.engine.replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
                                               token_requests)
 from harness.production.verdict.tolerances import tolerances_for
@@ -233,7 +234,7 @@ def test_judge_run_report_of_a_faithful_engine_passes():
     import json
 
     from harness.production.engine.cases import EngineCase
-    from harness.production.engine.run import judge_run
+    from harness.production.engine.judge import judge_run
 
     case = CASES["tiny-share-indexer"]
     cfg, w = case.config(), case.weights()
@@ -282,8 +283,8 @@ def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
 
 def test_recording_round_trip_and_rejudge(tmp_path):
     from harness.production.engine.cases import EngineCase
-    from harness.production.engine.cli import main
-    from harness.production.engine.run import judge_run, rejudge
+    from harness.commands.engine import main
+    from harness.production.engine.judge import judge_run, rejudge
     from harness.production.engine.replay import load_recording, save_recording
     from harness.production.cases import case_inputs, GpuCase
 
@@ -333,7 +334,7 @@ def test_recording_round_trip_and_rejudge(tmp_path):
 
 
 def test_derived_weights_are_exempt_only_when_verified():
-    from harness.production.engine.run import exempt_derived
+    from harness.production.engine.session import exempt_derived
 
     a, b, c = "m.l.mla_attn.W_UK_T", "m.l.mla_attn.W_UV", "m.l.enorm.weight"
     problems = [f"{a}: received no checkpoint value", f"{c}: received no checkpoint value",

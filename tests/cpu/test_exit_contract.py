@@ -330,7 +330,7 @@ def _production_raises(monkeypatch, exc):
     from harness import runtime
     from harness.production.module import side_by_side
 
-    from harness.production import compare_cli
+    from harness.commands import compare as compare_cli
 
     def run_case(case, **kw):
         raise exc
@@ -378,7 +378,7 @@ def test_tp_rank_load_failure_is_a_bad_commit(monkeypatch, capsys):
     import torch.cuda
 
     from harness import runtime
-    from harness.production import compare_cli
+    from harness.commands import compare as compare_cli
     from harness.production.tp import multigpu
     from harness.production.module.audit import LoadAuditError
 
@@ -472,10 +472,11 @@ def test_bad_arguments_are_one_line_exit_2(case_id, argv, culprits, tmp_path, ca
 
 def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     from harness import runtime
-    from harness.production.engine import run as engine
-    from harness.production.engine.cli import main as engine_main
+    from harness.commands.engine import main as engine_main
+    from harness.production.engine import judge as engine
+    from harness.production.engine.cases import ENGINE_CASES
 
-    case = sorted(engine.ENGINE_CASES)[0]
+    case = sorted(ENGINE_CASES)[0]
     _assert_one_line(*_run(capsys, "--case", "no-such-case", main=engine_main), 2, "no-such-case")
     _assert_one_line(*_run(capsys, "--rejudge", tmp_path / "missing", main=engine_main), 2,
                      f"error: --rejudge {tmp_path / 'missing'}: not a directory")

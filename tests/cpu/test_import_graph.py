@@ -115,12 +115,42 @@ ALLOWED = {
     "harness.production.engine.bookkeeping": ("harness.production.engine.spec_counts",),
     "harness.production.engine.spec_counts": (),  # what vLLM counts, read duck-typed: no vLLM, no torch
 }
-# Never imported by these layers, at any level: the command layers above them.
-ABOVE = ("harness.cli", "harness.production.compare_cli", "harness.mutants")
+# The command layer, top of the stack: argument checking, printing, exit codes. Nothing below it
+# imports it at any level; only the entry points (``__main__`` modules: ``python -m ...`` shims
+# that nothing imports) reach up to run their command.
+COMMANDS = ("harness.cli", "harness.commands")
+# Planted bugs: imported by the command layer only; they may import production, never the reverse.
+MUTANTS = ("harness.mutants",)
+# Every layer (any level) whose modules, with their lazy imports, must form no cycle: the
+# command layer, the mutants and the production paths they drive.
+ACYCLIC = ("harness.commands", "harness.mutants", "harness.production.engine", "harness.production.module",
+           "harness.production.goldens", "harness.production.tp", "harness.production.cases")
 
 
 def _under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
+
+
+def _under_any(name: str, prefixes) -> bool:
+    return any(_under(name, p) for p in prefixes)
+
+
+def _entry_point(name: str) -> bool:
+    return name == "harness.__main__" or name.endswith(".__main__")
+
+
+def _upward_imports() -> list[str]:
+    """Every import, at any level, of a layer above the importing module."""
+    problems = []
+    for name, path in MODULES.items():
+        imports = _imports(name, path, top_level_only=False)
+        if not _under_any(name, COMMANDS) and not _entry_point(name):
+            problems += [f"{name} imports {m}, the command layer above it" for m in sorted(imports)
+                         if _under_any(m, COMMANDS)]
+        if not _under_any(name, COMMANDS + MUTANTS) and not _entry_point(name):
+            problems += [f"{name} imports {m}: only the command layer may" for m in sorted(imports)
+                         if _under_any(m, MUTANTS)]
+    return problems
 
 
 def test_layers_import_only_what_they_may():
@@ -131,12 +161,25 @@ def test_layers_import_only_what_they_may():
         if layer is not None:
             bad = [m for m in imports if not any(_under(m, ok) for ok in ALLOWED[layer])]
             problems += [f"{name} imports {m} (layer {layer})" for m in sorted(bad)]
-        if name.startswith("harness.production") and not _under(name, "harness.production.compare_cli"):
-            problems += [f"{name} imports {m}, a command layer above it" for m in sorted(imports)
-                         if any(_under(m, a) for a in ABOVE)]
         if name.startswith("reference"):
             assert not any(m.startswith("harness") for m in imports), name
     assert not problems, "\n".join(problems)
+
+
+def test_nothing_imports_upward():
+    problems = _upward_imports()
+    assert not problems, "\n".join(problems)
+    # the rule has teeth: the modules it must see are there, and it sees what they import
+    assert "harness.commands.compare" in MODULES and "harness.commands.engine" in MODULES
+    assert "harness.mutants" in _imports("harness.commands.compare", MODULES["harness.commands.compare"], False)
+    assert "harness.commands.engine" in _imports("harness.production.engine.__main__",
+                                                 MODULES["harness.production.engine.__main__"], False)
+
+
+def test_the_command_and_production_layers_have_no_cycle_at_any_level():
+    keep = [n for n in MODULES if _under_any(n, ACYCLIC) and not _entry_point(n)]
+    graph = {n: {m for m in _imports(n, MODULES[n], top_level_only=False) if m in keep} for n in keep}
+    assert _cycle(graph) is None, f"import cycle (lazy imports included): {' -> '.join(_cycle(graph))}"
 
 
 def test_every_module_imports_in_a_fresh_interpreter():

@@ -76,7 +76,7 @@ def test_the_platform_key_leaves_the_vllm_version_out(tmp_path, monkeypatch):
 
 
 def test_the_golden_cases_are_the_default_bisect_set_and_the_checked_in_goldens_fit():
-    from harness.production import compare_cli
+    from harness.commands import compare as compare_cli
     from harness.production.cases import BISECT_CASES
 
     assert g.GOLDEN_CASES is BISECT_CASES and compare_cli.DEFAULT_BISECT_CASES is BISECT_CASES

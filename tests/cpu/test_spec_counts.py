@@ -194,7 +194,7 @@ def test_metric_totals_are_a_difference_over_generate_summed_over_engines():
 
 
 def test_a_disagreement_is_reported_beside_the_engine_verdict():
-    from harness.production.engine.run import acceptance_disagreements, verdict_problems
+    from harness.production.engine.judge import acceptance_disagreements, verdict_problems
 
     rep = {"counts": {"compared": 1, "max_context": 200, "index_topk": 128, "num_speculative_tokens": 3,
                       "max_draft_steps": 3}, "load": {"landed": {"x": True}},
@@ -214,7 +214,7 @@ def test_a_disagreement_is_reported_beside_the_engine_verdict():
 def test_the_per_request_counters_are_asked_for_only_where_the_release_has_them(has_it, monkeypatch, tmp_path):
     from harness.production import vllm_compat
     from harness.production.engine.cases import ENGINE_CASES
-    from harness.production.engine.run import engine_kwargs
+    from harness.production.engine.session import engine_kwargs
 
     real = vllm_compat.available
     monkeypatch.setattr(vllm_compat, "available",

@@ -280,7 +280,7 @@ def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, mon
     from vllm.engine.arg_utils import EngineArgs
 
     from harness.production.engine.cases import ENGINE_CASES
-    from harness.production.engine.run import ENGINE_KV_GIB_ENV, engine_kwargs
+    from harness.production.engine.session import ENGINE_KV_GIB_ENV, engine_kwargs
 
     if gib is None:
         monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)

@@ -2,9 +2,11 @@
 forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
 
     cases.py               the engine cases (torch-free: case ids are checked before anything heavy)
-    cli.py                 the command ``python -m harness.production.engine`` (``__main__.py``): its
-                           arguments and "cannot judge" without torch, then ``run.run_checked``
-    run.py                 build the engine, load and tap the drafter, run, judge
+    __main__.py            ``python -m harness.production.engine``: runs ``harness.commands.engine``
+    session.py             build the engine, reach the drafter, load and audit its weights
+    taps.py                the eager taps: every draft forward and target forward recorded
+    graph_tap.py           the graph-mode taps at the speculator's Python seams
+    judge.py               one generation recorded, replayed and judged; the mutant sweep; re-judge
     replay.py              CPU: the reference over the recorded draft forwards, draft-token verdict
     bookkeeping.py         CPU: accepted prefix, ``last_token_indices``, feeds, layer cycling
     acceptance.py          the edited dummy target whose drafts get accepted at planned rates
@@ -12,5 +14,7 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
 
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
-``harness.production.verdict``. ``replay.py`` and ``bookkeeping.py`` never import vLLM.
+``harness.production.verdict``; never ``harness.commands`` or ``harness.mutants`` (the
+``__main__.py`` entry point excepted: nothing imports it). ``replay.py`` and ``bookkeeping.py``
+never import vLLM.
 """

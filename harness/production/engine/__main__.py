@@ -1,4 +1,5 @@
-"""``python -m harness.production.engine``: the engine-path command (``harness.production.engine.run``)."""
+"""``python -m harness.production.engine``: the documented command path of the engine-path command
+(``harness.commands.engine``, where the code lives)."""
 
 import os
 import sys
@@ -6,8 +7,8 @@ import sys
 from harness.runtime import apply_jit_cache, defer_gc
 
 apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported (as `python -m harness`)
-defer_gc()  # until vLLM is imported (run.build_llm ends it, before the engine is built)
-from harness.production.engine.cli import main  # noqa: E402 - torch and vLLM only once the arguments are checked
+defer_gc()  # until vLLM is imported (session.build_llm ends it, before the engine is built)
+from harness.commands.engine import main  # noqa: E402 - torch and vLLM only once the arguments are checked
 
 if __name__ == "__main__":
     code = main()

@@ -486,7 +486,7 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun
     or an engine next to this process's own side-by-side runs (``gpu_shared``), share the GPU:
     they get a fixed KV size (``HYV4_ENGINE_KV_CACHE_GIB``, 4 GiB unless set), which skips vLLM's
     memory profiling (it fails when another process allocates or frees meanwhile) and asks
-    its start-up check for 0.1 of the GPU (harness.production.engine.run.engine_kwargs)."""
+    its start-up check for 0.1 of the GPU (harness.production.engine.session.engine_kwargs)."""
     import os
     import subprocess
     import sys
