@@ -252,8 +252,8 @@ def compare_command(args) -> int:
         if res is None:
             print(line)
             return code
-        result, vs = res["tpn"], res["tp_vs_tp1"]
-        result["_report"].meta.update(tp=tp, merge_rules=res["rules"])
+        result, vs = res.parts["tpn"], res.parts["tp_vs_tp1"]
+        result.comparison.meta.update(tp=tp, merge_rules=res.details["rules"])
     else:
         result, code, line = _run(case)
         vs = None
@@ -265,7 +265,7 @@ def compare_command(args) -> int:
     from harness.production.module.side_by_side import format_rows, run_facts, versions
 
     print(format_rows(result))
-    reports = {case.id if tp == 1 else f"{case.id}/tp{tp}": result["_report"]}
+    reports = {case.id if tp == 1 else f"{case.id}/tp{tp}": result.comparison}
     if vs is not None:
         print(f"== TP={tp} vs TP=1 (step 0 components, draft tokens of every step): "
               f"{'PASS' if vs.passed else 'FAIL'}\n{vs.table()}")
@@ -273,7 +273,7 @@ def compare_command(args) -> int:
     golden_code, not_judged = EXIT_OK, []
     if case.id in GOLDEN_CASES and case == _golden_case(case.id):  # the named case its golden was recorded from
         if tp == 1:
-            golden, golden_code, not_judged = judge_golden("golden", case.id, result["_prod"], goldens.ROOT)
+            golden, golden_code, not_judged = judge_golden("golden", case.id, result.trace, goldens.ROOT)
             if golden is not None:
                 reports[f"golden/{case.id}"] = golden
         else:
@@ -284,11 +284,11 @@ def compare_command(args) -> int:
         print(f"NOT JUDGED: {len(not_judged)} golden part(s) of this verdict could not be judged (above); "
               "compare's exit code is the judged parts' (bisect-check exits 125 here)")
     if args.report:
-        result["_report"].meta.update(versions=versions(), case=dataclasses.asdict(case),
-                                      model_kernel_paths=result.get("model_kernel_paths"))
+        result.comparison.meta.update(versions=versions(), case=dataclasses.asdict(case),
+                                      model_kernel_paths=result.details.get("model_kernel_paths"))
         save_report(args.report, reports, {**run_facts(), "not_judged": not_judged})
         print(f"report: {args.report}")
-    passed = result["passed"] and (vs is None or vs.passed) and golden_code == EXIT_OK
+    passed = result.passed and (vs is None or vs.passed) and golden_code == EXIT_OK
     return EXIT_OK if passed else EXIT_MISMATCH
 
 
@@ -363,18 +363,18 @@ def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None) -> _Side
         if result is None:
             out.verdict, out.failed_line = worst([out.verdict, code]), line
             return out
-        out.reports[f"side-by-side/{cid}"] = result["_report"]
-        result["_report"].meta.update(regimes=result["regimes"], model_kernel_paths=result.get("model_kernel_paths"))
-        out.regimes[cid] = result["regimes"]
-        first = result["first_divergent"]
-        print(f"{'ok  ' if result['passed'] else 'FAIL'} side-by-side {cid}" + ("" if result["passed"] else f": first divergent {first}"))
-        print(f"     regimes: {format_regimes(result['regimes'])}")
-        out.verdict = out.verdict if result["passed"] else EXIT_MISMATCH
+        out.reports[f"side-by-side/{cid}"] = result.comparison
+        result.comparison.meta.update(regimes=result.regimes, model_kernel_paths=result.details.get("model_kernel_paths"))
+        out.regimes[cid] = result.regimes
+        first = result.first_divergent
+        print(f"{'ok  ' if result.passed else 'FAIL'} side-by-side {cid}" + ("" if result.passed else f": first divergent {first}"))
+        print(f"     regimes: {format_regimes(result.regimes)}")
+        out.verdict = out.verdict if result.passed else EXIT_MISMATCH
         if golden is None:
-            out.traces[cid] = result["_prod"]
+            out.traces[cid] = result.trace
             continue
         label, root = golden
-        report, code, missing = judge_golden(label, cid, result["_prod"], root)
+        report, code, missing = judge_golden(label, cid, result.trace, root)
         if report is not None:
             out.reports[f"{label}/{cid}"] = report
         out.not_judged += missing

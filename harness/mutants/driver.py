@@ -13,6 +13,7 @@ import traceback
 import torch
 
 from harness.atomic import atomic_write_json
+from harness.verdict import Verdict
 
 from .base import Ctx, Mutant, MutantNotApplicable
 from .catalogue import BY_NAME, format_list, select
@@ -65,7 +66,7 @@ def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
     return sbs.judge(case, prod, info), []
 
 
-def run_planted(case, name: str) -> dict:
+def run_planted(case, name: str) -> Verdict:
     """``harness.production.verdict.judge`` of ``case`` run with mutant ``name`` planted (``bisect-check --plant``).
 
     Raises MutantNotApplicable when the mutant has nothing to act on in this case, _RunRaised
@@ -78,8 +79,8 @@ class _RunRaised(Exception):
     """The production run raised after the mutant was applied."""
 
 
-def _failing(result: dict) -> list[str]:
-    return [r["key"] for r in result.get("rows", []) if not r["passed"]]
+def _failing(result: Verdict) -> list[str]:
+    return [r["key"] for r in result.rows if not r["passed"]]
 
 
 def _component(key: str | None) -> str | None:
@@ -97,7 +98,7 @@ def run_control(case_id: str) -> dict:
     rec = {"case": case_id}
     try:
         res, _ = _run(case_by_id(case_id), None)
-        rec.update(passed=bool(res["passed"]), first_divergent=res["first_divergent"], failing=_failing(res))
+        rec.update(passed=bool(res.passed), first_divergent=res.first_divergent, failing=_failing(res))
     except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
         inner = exc.__cause__ if isinstance(exc, _RunRaised) else exc
         rec.update(passed=False, error=f"{type(inner).__name__}: {inner}", traceback=traceback.format_exc())
@@ -120,10 +121,10 @@ def run_mutant(m: Mutant, control: dict | None = None) -> dict:
         res, _ = _run(case_by_id(m.case), m)
         fails = _failing(res)
         comps = sorted({_component(k) for k in fails})
-        rec.update(first_divergent=res["first_divergent"], failing=fails,
+        rec.update(first_divergent=res.first_divergent, failing=fails,
                    expected_flagged=m.component in comps, failing_components=comps,
-                   first_divergent_component=_component(res["first_divergent"]))
-        if res["passed"]:
+                   first_divergent_component=_component(res.first_divergent))
+        if res.passed:
             rec["outcome"] = "missed"
         elif control_ok:
             rec.update(outcome="detected", detected=True)

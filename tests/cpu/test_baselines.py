@@ -20,6 +20,7 @@ from harness import cli, goldens, runtime
 from harness.compare import Report
 from harness.production.goldens import baseline, goldens_gpu
 from harness.production.module import side_by_side as sbs
+from harness.verdict import Verdict
 
 H200 = {"gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0+cu130", "cuda": "13.0"}
 V33 = {"vllm": "0.33.0", "vllm_commit": "g4ba787ec9"}
@@ -61,8 +62,9 @@ def host(monkeypatch):
 
     def run_case(case, **_):
         bad = h.reference_fails
-        return {"passed": not bad, "first_divergent": "step0.attn.core" if bad else None, "regimes": {}, "rows": [], "case": {"id": case.id},
-                "_report": Report([]), "_prod": _trace(case.id, h.regressed)}
+        return Verdict(kind="module", passed=not bad, first_divergent="step0.attn.core" if bad else None, rows=[],
+                       regimes={}, trace=_trace(case.id, h.regressed), comparison=Report([]),
+                       details={"case": {"id": case.id}})
 
     monkeypatch.setattr(sbs, "run_case", run_case)
     monkeypatch.setattr(sbs, "versions", lambda: {"note": "CPU stand-in"})

@@ -57,10 +57,12 @@ def test_topk_rows_compare_as_sets_across_ranks():
 
 
 def _judged(final_norm, tokens1, logits1):
+    from harness.verdict import Verdict
+
     prod = {"step0.final_norm": final_norm, "step0.draft_token": torch.tensor([5]),
             "step0.logits": torch.tensor([[0.0, 0, 0, 0, 0, 9.0]]),
             "step1.final_norm": final_norm * 3, "step1.draft_token": tokens1, "step1.logits": logits1}
-    return {"_prod_cmp": prod, "_ref": {}}
+    return Verdict(kind="module", passed=True, first_divergent=None, rows=[], trace_compared=prod, reference={})
 
 
 def test_tp_vs_tp1_judges_step0_values_and_tokens_only():

@@ -88,19 +88,21 @@ def test_run_catalogue_outcomes_and_report(monkeypatch, tmp_path):
     missed, raised, not-applicable, control failure, budget."""
     import json
 
+    from harness.verdict import Verdict
+
     def fake_run(case, mutant):
         if mutant is None:
             if case.id == "tiny-k2-headwise":
                 raise RuntimeError("control boom")
-            return {"passed": True, "first_divergent": None, "rows": []}, []
+            return Verdict(kind="module", passed=True, first_divergent=None, rows=[]), []
         if mutant.name == "sink-twice":
-            return {"passed": True, "first_divergent": None, "rows": []}, []
+            return Verdict(kind="module", passed=True, first_divergent=None, rows=[]), []
         if mutant.name == "sink-dropped":
             raise M._RunRaised(RuntimeError("kernel said no")) from RuntimeError("kernel said no")
         if mutant.name == "softmax-scale-latent":
             raise M.MutantNotApplicable("impl.softmax_scale is missing")
-        return {"passed": False, "first_divergent": f"step0.{mutant.component}",
-                "rows": [{"key": f"step0.{mutant.component}", "passed": False}]}, []
+        return Verdict(kind="module", passed=False, first_divergent=f"step0.{mutant.component}",
+                       rows=[{"key": f"step0.{mutant.component}", "passed": False}]), []
 
     monkeypatch.setattr(M.driver, "_run", fake_run)
     # _free (gc.collect + CUDA cache release after each run) is counted, not run: a full gc.collect

@@ -269,14 +269,14 @@ def test_fp8_tolerances_cover_the_emulation(case_id, variant):
     """The CPU-estimated FP8 tolerances pass the emulated production path; bf16 ones do not."""
     case = sbs.GPU_CASES[case_id]
     res = emulate(case, variant)
-    assert res["passed"], res["table"]
+    assert res.passed, res.details["table"]
     # the bf16 tolerances on the same comparison: judge's verdict is compare_traces of its _prod_cmp and
     # _ref (built without the tolerances) under the tolerances, so re-comparing them is judge(tolerances=)
-    strict = compare_traces(res["_prod_cmp"], res["_ref"], GPU_VS_REFERENCE, components=PRODUCTION_COMPONENTS)
+    strict = compare_traces(res.trace_compared, res.reference, GPU_VS_REFERENCE, components=PRODUCTION_COMPONENTS)
     assert not strict.passed  # the activation quantization is visible (the emulation does quantize)
     if (case_id, variant) == (SPLIT, "deepgemm-e8m0"):  # emulate(tolerances=) itself, once
         full = emulate(case, variant, tolerances=GPU_VS_REFERENCE)
-        assert not full["passed"] and full["table"] == strict.table()
+        assert not full.passed and full.details["table"] == strict.table()
 
 
 # ---- rejudge --------------------------------------------------------------------------------------
@@ -286,8 +286,8 @@ def _write_run(out_dir, traces: dict[str, dict]) -> None:
     pending = {}
     for cid, prod in traces.items():
         res = sbs.judge(sbs.GPU_CASES[cid], prod, {"step_notes": [], "audit": []})
-        summary["cases"].append({k: v for k, v in res.items() if not k.startswith("_")})
-        pending.update(sbs._trace_tensors(cid, res["_prod"]))
+        summary["cases"].append(res.to_report())
+        pending.update(sbs._trace_tensors(cid, res.trace))
         sbs._flush(pending, str(out_dir), len(summary["cases"]) - 1)  # one file per case, as for large runs
     with open(os.path.join(out_dir, "side_by_side.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)

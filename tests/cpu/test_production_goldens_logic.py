@@ -142,8 +142,8 @@ def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3s
     g.record("tiny-k3-share", k3share, tmp_path)
     stored, _ = g._decode(goldens.load(g.KIND, "tiny-k3-share", tmp_path)[0])
     judged = sbs.judge(sbs.GPU_CASES["tiny-k3-share"], k3share, {})
-    assert judged["passed"], judged["table"]
-    compared = [r.name for r in judged["_report"].results]
+    assert judged.passed, judged.details["table"]
+    compared = [r.name for r in judged.comparison.results]
     assert _by_step(stored) == _by_step(compared)
     for must in ("indexer.k", "indexer.q_deq", "indexer.q_scale", "indexer.topk", "attn.topk", "embed", "attn.q_c"):
         assert must in _by_step(stored)["step0"], must

@@ -83,8 +83,8 @@ def test_clamp_off_fails_the_clamp_case_at_mlp_out():
         return as_production_trace(cfg, R.flatten(R.draft(c, w, first, case.steps, num=R.PRODUCTION)), case.steps)
 
     good = sbs.judge(case, production(cfg), {})
-    assert good["passed"], good["table"]
-    assert good["regimes"]["routed_clamp_frac"] >= 0.05
+    assert good.passed, good.details["table"]
+    assert good.regimes["routed_clamp_frac"] >= 0.05
     bad = sbs.judge(case, production(cfg.replace(swiglu_limit=0.0)), {})
-    assert not bad["passed"]
-    assert bad["first_divergent"] == "step0.mlp.out", bad["table"]
+    assert not bad.passed
+    assert bad.first_divergent == "step0.mlp.out", bad.details["table"]

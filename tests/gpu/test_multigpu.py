@@ -61,25 +61,25 @@ def _check(res: dict, case) -> None:
     from harness.production.module.side_by_side import format_rows
 
     _record(res)
-    problems = {k: v for k, v in res["rules"].items() if v.startswith("problem")}
+    problems = {k: v for k, v in res.details["rules"].items() if v.startswith("problem")}
     assert not problems, problems
-    sharded = [k for k, v in res["rules"].items() if v.startswith("head-sharded")]
-    assert any(k.endswith(".attn.q") for k in sharded), f"TP=2 did not split the heads: {res['rules']}"
+    sharded = [k for k, v in res.details["rules"].items() if v.startswith("head-sharded")]
+    assert any(k.endswith(".attn.q") for k in sharded), f"TP=2 did not split the heads: {res.details['rules']}"
     hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     if cfg.learnable_sink:  # rank r holds heads [r H/2, (r+1) H/2) of the sink, as stored
         h = cfg.num_attention_heads // 2
         sink = weights["layers.0.attn.sink"].float()
-        for r, sinks in res["sinks"].items():
+        for r, sinks in res.details["sinks"].items():
             vals = list(sinks.values())
             assert vals, sinks
             got = torch.tensor(vals[0])
             assert torch.equal(got[:h], sink[r * h:(r + 1) * h]), (r, got[:h], sink[r * h:(r + 1) * h])
-    bad = [r.note for r in res["rank_variant_vs_reference"] if not r.passed]
+    bad = [r.note for r in res.details["rank_variant_vs_reference"] if not r.passed]
     assert not bad, f"a rank's own top-k rows differ from the reference beyond score ties: {bad}"
-    assert res["tp1"]["passed"], format_rows(res["tp1"])
-    assert res["tpn"]["passed"], format_rows(res["tpn"])
-    vs = res["tp_vs_tp1"]
+    assert res.parts["tp1"].passed, format_rows(res.parts["tp1"])
+    assert res.parts["tpn"].passed, format_rows(res.parts["tpn"])
+    vs = res.parts["tp_vs_tp1"]
     assert vs.passed, f"TP=2 vs TP=1: first divergent {vs.first_divergent.name}\n{vs.table()}"
 
 

@@ -26,9 +26,9 @@ def test_production_matches_its_golden(case_id, update_goldens, require_goldens)
         pytest.skip(line)
     result = run_case(GPU_CASES[case_id])
     if update_goldens:
-        record(case_id, result["_prod"])
+        record(case_id, result.trace)
         pytest.fail(f"production golden {case_id} rewritten: review `git diff goldens/`")
-    report = check_production_golden(case_id, result["_prod"])
+    report = check_production_golden(case_id, result.trace)
     recorded = f"golden recorded with {describe_vllm(report.meta.get('recorded_with'))}"
     assert report.passed, f"{recorded}\n{report.table()}"
     if report.meta.get("stale"):  # the judged components passed; the rest of the golden was not judged

@@ -42,17 +42,17 @@ def test_production_matches_reference(case_id):
     _record(result)
     print(format_rows(result))
     known = GPU_CASES[case_id].known_audit
-    unexpected = [p for p in result["audit"] if not any(k in p for k in known)]
+    unexpected = [p for p in result.details["audit"] if not any(k in p for k in known)]
     assert not unexpected, unexpected
     case = GPU_CASES[case_id]
     if case.quant != "bf16" and not case.bf16_layers:  # the FP8 checkpoint reached vLLM's FP8 layers as FP8
-        layers = (result.get("fp8_kernels") or {}).get("layers", {})
-        assert any(v.get("weight") == "float8_e4m3fn" for v in layers.values()), result.get("fp8_kernels")
+        layers = (result.details.get("fp8_kernels") or {}).get("layers", {})
+        assert any(v.get("weight") == "float8_e4m3fn" for v in layers.values()), result.details.get("fp8_kernels")
     if case.expect_unquantized:  # the case went through the config's exclusion path
-        got = result.get("unquantized_modules") or {}
+        got = result.details.get("unquantized_modules") or {}
         assert sorted(got) == sorted(case.expect_unquantized), got
         assert all(m.startswith("Unquantized") for m in got.values()), got
-    assert result["passed"], f"first divergent: {result['first_divergent']}\n{format_rows(result)}"
+    assert result.passed, f"first divergent: {result.first_divergent}\n{format_rows(result)}"
 
 
 def test_post_load_audit_names_a_missing_parameter():

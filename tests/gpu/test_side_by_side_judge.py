@@ -26,7 +26,7 @@ def test_judge_accepts_bf16_reference(case_id):
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     fake = _as_production(cfg, R.flatten(R.draft(cfg, w, first, case.steps, num=R.PRODUCTION)), case.steps)
     res = judge(case, fake, {})
-    assert res["passed"], res["table"]
+    assert res.passed, res.details["table"]
 
 
 def test_judge_rejects_a_dropped_sink():
@@ -38,5 +38,5 @@ def test_judge_rejects_a_dropped_sink():
     wrong = R.flatten(R.draft(no_sink, {k: v for k, v in w.items() if not k.endswith("attn.sink")},
                               first, 1, num=R.PRODUCTION))
     res = judge(case, _as_production(cfg, wrong, 1), {})
-    assert not res["passed"]
-    assert res["first_divergent"] == "step0.attn.core", res["table"]
+    assert not res.passed
+    assert res.first_divergent == "step0.attn.core", res.details["table"]

@@ -426,7 +426,7 @@ def _command(args) -> int:
         traces = {}
         for cid in ids:
             try:
-                traces[cid] = run_case(GPU_CASES[cid])["_prod"]
+                traces[cid] = run_case(GPU_CASES[cid]).trace
             except Exception as exc:  # noqa: BLE001 - one line, nothing written
                 print(f"cannot judge: production run of {cid} failed, nothing recorded: "
                       f"{exc.__class__.__name__}: {first_line(exc)}")
@@ -440,7 +440,7 @@ def _command(args) -> int:
     status = EXIT_OK
     for cid in ids:
         result = run_case(GPU_CASES[cid])
-        rep = check_production_golden(cid, result["_prod"], root)
+        rep = check_production_golden(cid, result.trace, root)
         if rep is None:
             print(not_judged_line("golden", cid, absent_reason(cid, root)))
             status = worst([status, EXIT_CANNOT_JUDGE])

@@ -34,10 +34,11 @@ from harness.atomic import atomic_write_json
 from harness.production.cases import (FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES, GpuCase, _case_from_dict,
                                       case_inputs)
 from harness.production.verdict.judge import judge
+from harness.verdict import Verdict
 
 
-def run_case(case: GpuCase, *, session_kw: dict | None = None) -> dict:
-    """Run ``case`` on production, replay the reference on its inputs, compare; result dict (tensors included)."""
+def run_case(case: GpuCase, *, session_kw: dict | None = None) -> Verdict:
+    """Run ``case`` on production, replay the reference on its inputs, compare: the verdict (tensors included)."""
     return judge(case, *run_production_side(case, session_kw=session_kw))
 
 
@@ -132,11 +133,11 @@ def fp8_kernel_notes(model) -> dict:
     return notes
 
 
-def format_rows(result: dict) -> str:
-    lines = [f"== {result['case']['id']}: {'PASS' if result['passed'] else 'FAIL'}"
-             f" (first divergent: {result['first_divergent']})",
+def format_rows(result: Verdict) -> str:
+    lines = [f"== {result.details['case']['id']}: {'PASS' if result.passed else 'FAIL'}"
+             f" (first divergent: {result.first_divergent})",
              f"{'component':28s} {'ok':4s} {'|d| exact':>10s} {'|d| prodnum':>11s} {'1-sim':>9s} {'mism%':>6s}  note"]
-    for r in result["rows"]:
+    for r in result.rows:
         pn = r["max_abs_vs_prodnum"]
         lines.append(f"{r['key']:28s} {'ok' if r['passed'] else 'FAIL':4s} {r['max_abs_vs_exact']:10.3e} "
                      f"{(pn if pn is not None else float('nan')):11.3e} {r['sim_gap']:9.2e} "
@@ -227,10 +228,10 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
         info["timing_s"] = {}
         res = judge(case, traces[cid], info)
         print(format_rows(res), flush=True)
-        print("routing ties:", res["routing_ties"], "router self-check:", res["router_self_check"],
-              "tokens:", res["tokens"], flush=True)
-        results.append({k: v for k, v in res.items() if not k.startswith("_")})
-        if not res["passed"]:
+        print("routing ties:", res.details["routing_ties"], "router self-check:", res.details["router_self_check"],
+              "tokens:", res.details["tokens"], flush=True)
+        results.append(res.to_report())
+        if not res.passed:
             worst = max(worst, 1)
     if not results:
         print(f"nothing to re-judge in {in_dir}")
@@ -286,21 +287,22 @@ def main(argv=None) -> int:
             worst = max(worst, 1)
             continue
         print(format_rows(res), flush=True)
-        print("notes:", json.dumps(res["step_notes"]), res["attach_notes"], flush=True)
-        print("routing ties:", res["routing_ties"], "router self-check (step, bad rows, rows):",
-              res["router_self_check"], "skipped:", res["skipped"], flush=True)
-        if res.get("fp8_kernels"):
-            print("fp8 kernels:", json.dumps(res["fp8_kernels"]), flush=True)
-        if res.get("layer_policy"):
-            print("layer policy (max |d| of final_norm):", res["layer_policy"], flush=True)
-        print("tokens:", res["tokens"], "timing", {k: round(v, 2) for k, v in res["timing_s"].items()}, flush=True)
-        print("regimes:", format_regimes(res["regimes"]), flush=True)
+        d = res.details
+        print("notes:", json.dumps(d["step_notes"]), d["attach_notes"], flush=True)
+        print("routing ties:", d["routing_ties"], "router self-check (step, bad rows, rows):",
+              d["router_self_check"], "skipped:", d["skipped"], flush=True)
+        if d.get("fp8_kernels"):
+            print("fp8 kernels:", json.dumps(d["fp8_kernels"]), flush=True)
+        if d.get("layer_policy"):
+            print("layer policy (max |d| of final_norm):", d["layer_policy"], flush=True)
+        print("tokens:", d["tokens"], "timing", {k: round(v, 2) for k, v in d["timing_s"].items()}, flush=True)
+        print("regimes:", format_regimes(res.regimes), flush=True)
         if args.save_traces:  # one file per case, written now: a later crash or timeout keeps it
-            pending.update(_trace_tensors(cid, res["_prod"]))
+            pending.update(_trace_tensors(cid, res.trace))
             _flush(pending, out, n_files)
             n_files += 1
-        summary["cases"].append({k: v for k, v in res.items() if not k.startswith("_")})
-        if not res["passed"]:
+        summary["cases"].append(res.to_report())
+        if not res.passed:
             worst = max(worst, 1)
         # write as we go: a later case that kills the process leaves the earlier ones judged
         atomic_write_json(os.path.join(out, "side_by_side.json"), summary, default=str)

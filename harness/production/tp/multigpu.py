@@ -43,6 +43,7 @@ from harness.compare import index_rows_differing
 # experts with reduce_results=False: each rank's module output is its intermediate slice's partial
 # sum, all-reduced later together with the routed experts' partial sums inside FusedMoE.
 from harness.components import HEAD_SHARDED, INDEX_COMPONENTS, PARTIAL_SUM
+from harness.verdict import Verdict
 
 
 def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
@@ -234,9 +235,11 @@ left out of the trace).
     return merged, rules
 
 
-def run_case_tp(workers: TPWorkers, case) -> dict:
+def run_case_tp(workers: TPWorkers, case) -> Verdict:
     """``case`` at TP = ``workers.tp`` and in this process at TP = 1, each judged against
-    the reference; plus TP vs TP = 1 (``result["tp_vs_tp1"]``) and the merge rules."""
+    the reference; plus TP vs TP = 1: a ``Verdict`` of kind "tp" whose ``parts`` are the two
+    judged runs ("tp1", "tpn") and their comparison ("tp_vs_tp1", a ``compare.Report``), its
+    ``details`` the merge rules, the rank-variant rows and the bitwise-equal keys."""
     from harness import compare
     from harness.components import PRODUCTION_COMPONENTS
     from harness.production.module.side_by_side import run_case
@@ -245,29 +248,32 @@ def run_case_tp(workers: TPWorkers, case) -> dict:
 
     tp1 = run_case(case)
     ranks, infos = workers.run(case)
-    merged, rules = merge_ranks(ranks, tp1["_prod"])
+    merged, rules = merge_ranks(ranks, tp1.trace)
     tpn = judge(case, merged, {"audit": sorted({p for i in infos for p in i["audit"]}),
                                "step_notes": infos[0]["step_notes"]})
     tols = tolerances_for(case.quant)
     # rank-variant top-k rows: every rank's own rows against the reference (ties allowed)
     variant = []
     for key, rule in rules.items():
-        if rule.startswith("rank-variant") and key in tpn["_ref"]:
+        if rule.startswith("rank-variant") and key in tpn.reference:
             step = key.split(".", 1)[0]
             for r, tr in enumerate(ranks):
-                res = compare.compare_index_sets(f"{key}[rank {r}]", tr[key], tpn["_ref"][key],
-                                                 tpn["_ref"].get(f"{step}.indexer.scores"),
+                res = compare.compare_index_sets(f"{key}[rank {r}]", tr[key], tpn.reference[key],
+                                                 tpn.reference.get(f"{step}.indexer.scores"),
                                                  tols["indexer.scores"].atol)
                 variant.append(res)
     vs = compare_tp(tpn, tp1, tols, PRODUCTION_COMPONENTS)
-    bitwise = sorted(k for k in merged if k in tp1["_prod"] and merged[k].shape == tp1["_prod"][k].shape
-                     and torch.equal(merged[k], tp1["_prod"][k]))
-    return {"case": case.id, "tp": workers.tp, "tp1": tp1, "tpn": tpn, "rules": rules,
-            "tp_vs_tp1": vs, "rank_variant_vs_reference": variant, "bitwise_equal_to_tp1": bitwise,
-            "sinks": {r: i["sinks"] for r, i in enumerate(infos)}}
+    bitwise = sorted(k for k in merged if k in tp1.trace and merged[k].shape == tp1.trace[k].shape
+                     and torch.equal(merged[k], tp1.trace[k]))
+    return Verdict(kind="tp", passed=tpn.passed and vs.passed, first_divergent=tpn.first_divergent, rows=tpn.rows,
+                   regimes=tpn.regimes, notes=tpn.notes, trace=merged, reference=tpn.reference,
+                   trace_compared=tpn.trace_compared, comparison=tpn.comparison,
+                   parts={"tp1": tp1, "tpn": tpn, "tp_vs_tp1": vs},
+                   details={"case": case.id, "tp": workers.tp, "rules": rules, "rank_variant_vs_reference": variant,
+                            "bitwise_equal_to_tp1": bitwise, "sinks": {r: i["sinks"] for r, i in enumerate(infos)}})
 
 
-def compare_tp(tpn: dict, tp1: dict, tols: dict, components: tuple):
+def compare_tp(tpn: Verdict, tp1: Verdict, tols: dict, components: tuple):
     """TP = N vs TP = 1 (two ``judge`` results): step 0 component by component, draft tokens at every step.
 
     Both traces are normalised as ``judge`` normalises them (indexer scale
@@ -283,37 +289,37 @@ def compare_tp(tpn: dict, tp1: dict, tols: dict, components: tuple):
     from harness import compare
 
     a, e = {}, {}
-    for key, v in tpn["_prod_cmp"].items():
+    for key, v in tpn.trace_compared.items():
         step = key.split(".", 1)[0]
-        if key not in tp1["_prod_cmp"] or not (step == "step0" or key.endswith(".draft_token")
+        if key not in tp1.trace_compared or not (step == "step0" or key.endswith(".draft_token")
                                                or key.endswith(".logits")):
             continue
-        w = tp1["_prod_cmp"][key]
+        w = tp1.trace_compared[key]
         if v.is_floating_point() and w.is_floating_point() and v.shape == w.shape:
             m = torch.isnan(v.double()) | torch.isnan(w.double())
             if m.any():
                 v = v.double().masked_fill(m, float("nan"))
                 w = w.double().masked_fill(m, float("nan"))
         a[key], e[key] = v, w
-    e.update({k: v for k, v in tp1["_ref"].items() if k.startswith("step0.") and k.endswith(".indexer.scores")})
+    e.update({k: v for k, v in tp1.reference.items() if k.startswith("step0.") and k.endswith(".indexer.scores")})
     wanted = tuple(components)
     rep = compare.compare_traces(a, e, tols, components=wanted)
     # steps >= 1: only the tokens (their logits serve as the margin for the token check)
     return compare.Report([r for r in rep.results if r.name.startswith("step0.") or r.name.endswith(".draft_token")])
 
 
-def summary(res: dict) -> dict:
-    """The JSON-able part of ``run_case_tp``'s result, for reports."""
-    vs = res["tp_vs_tp1"]
+def summary(res: Verdict) -> dict:
+    """The JSON-able part of ``run_case_tp``'s verdict, for reports."""
+    vs, tp1, tpn, d = res.parts["tp_vs_tp1"], res.parts["tp1"], res.parts["tpn"], res.details
     return {
-        "case": res["case"], "tp": res["tp"],
-        "tp1_vs_reference": res["tp1"]["passed"], "tpn_vs_reference": res["tpn"]["passed"],
-        "tpn_first_divergent": res["tpn"]["first_divergent"],
+        "case": d["case"], "tp": d["tp"],
+        "tp1_vs_reference": tp1.passed, "tpn_vs_reference": tpn.passed,
+        "tpn_first_divergent": tpn.first_divergent,
         "tp_vs_tp1": vs.passed, "tp_vs_tp1_first_divergent": vs.first_divergent.name if vs.first_divergent else None,
         "tp_vs_tp1_rows": [{"key": r.name, "passed": r.passed, "max_abs": r.max_abs, "note": r.note}
                            for r in vs.results],
-        "rules": res["rules"], "bitwise_equal_to_tp1": res["bitwise_equal_to_tp1"],
+        "rules": d["rules"], "bitwise_equal_to_tp1": d["bitwise_equal_to_tp1"],
         "rank_variant_vs_reference": [{"key": r.name, "passed": r.passed, "ties": r.ties, "note": r.note}
-                                      for r in res["rank_variant_vs_reference"]],
-        "tokens": {"tp1": res["tp1"]["tokens"]["production"], "tpn": res["tpn"]["tokens"]["production"]},
+                                      for r in d["rank_variant_vs_reference"]],
+        "tokens": {"tp1": tp1.details["tokens"]["production"], "tpn": tpn.details["tokens"]["production"]},
     }

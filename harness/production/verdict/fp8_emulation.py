@@ -185,11 +185,11 @@ def emulate(case, variant: str = "deepgemm-e8m0", tolerances: dict | None = None
     return judge(case, emulated_production_trace(case, variant), {}, tolerances=tolerances)
 
 
-def needed_atol(result: dict) -> dict:
+def needed_atol(result) -> dict:
     """Per component: max |d| vs EXACT, and the atol that rtol (as set) would need."""
     out = {}
-    ref, prod = result["_ref"], result["_prod"]
-    for row in result["rows"]:
+    ref, prod = result.reference, result.trace
+    for row in result.rows:
         comp = row["key"].split(".", 1)[1]
         cur = out.setdefault(comp, {"max_abs": 0.0, "atol_needed": 0.0, "passed": True})
         cur["passed"] &= bool(row["passed"])
@@ -198,8 +198,8 @@ def needed_atol(result: dict) -> dict:
         key = row["key"]
         if comp in ("draft_token", "moe.topk_ids", "indexer.topk", "attn.topk"):
             pass  # ids: compared as sets / exactly, no atol
-        elif row["rtol"] is not None and key in ref and key in result["_prod_cmp"]:
-            a, e = result["_prod_cmp"][key].double(), ref[key].double()
+        elif row["rtol"] is not None and key in ref and key in result.trace_compared:
+            a, e = result.trace_compared[key].double(), ref[key].double()
             if a.shape == e.shape and a.is_floating_point():
                 fin = torch.isfinite(a) & torch.isfinite(e)
                 if fin.any():
@@ -211,11 +211,11 @@ def needed_atol(result: dict) -> dict:
     return out
 
 
-def _tie_margin(result: dict, key: str) -> float:
+def _tie_margin(result, key: str) -> float:
     """Largest |score - k-th score| (fraction of the row max) of a member the two top-k sets do not share."""
     step = key.split(".", 1)[0]
-    a, e = result["_prod_cmp"].get(key), result["_ref"].get(key)
-    sc = result["_ref"].get(f"{step}.indexer.scores")
+    a, e = result.trace_compared.get(key), result.reference.get(key)
+    sc = result.reference.get(f"{step}.indexer.scores")
     if a is None or e is None or sc is None or a.shape != e.shape:
         return 0.0
     worst = 0.0
@@ -243,8 +243,8 @@ def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
         for case in cases:
             for variant in variants:
                 res = emulate(case, variant)
-                log(f"{case.id} [{variant}] judge {'PASS' if res['passed'] else 'FAIL'} "
-                    f"(first divergent {res['first_divergent']})")
+                log(f"{case.id} [{variant}] judge {'PASS' if res.passed else 'FAIL'} "
+                    f"(first divergent {res.first_divergent})")
                 for comp, v in needed_atol(res).items():
                     a = agg.setdefault(base.quant, {}).setdefault(comp, {"max_abs": 0.0, "atol_needed": 0.0,
                                                                            "tie_margin": 0.0})

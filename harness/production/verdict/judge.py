@@ -1,7 +1,7 @@
 """The side-by-side verdict: a production trace of a case against the reference replayed on its
 inputs, in named steps (``judge``). CPU, no vLLM.
 
-May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``runtime``),
+May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``runtime``, ``verdict``),
 ``harness.production.cases`` and the rest of ``harness.production.verdict``.
 """
 
@@ -15,6 +15,7 @@ import torch
 import reference as R
 from harness.components import PRODUCTION_COMPONENTS
 from harness.production.cases import GpuCase, case_inputs
+from harness.verdict import Verdict
 
 
 def _sort_routing(trace: dict) -> dict:
@@ -257,7 +258,7 @@ def layer_policy(cfg: R.MTPConfig, case: GpuCase, prod: dict, ref: dict, runs: R
     return policy
 
 
-def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = None) -> dict:
+def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = None) -> Verdict:
     """Compare a production trace of ``case`` with the reference replayed on its inputs.
 
     The reference weights are ``case_inputs(case)[2]`` (FP8: the exact
@@ -280,10 +281,10 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     prod_tokens = torch.stack([prod[f"step{k}.draft_token"] for k in range(case.steps)], 1).tolist()
     timing = dict(info.get("timing_s", {}))
     timing["reference"] = runs.seconds
-    return {
-        "case": dataclasses.asdict(case), "quant": case.quant, "passed": report.passed,
-        "first_divergent": report.first_divergent.name if report.first_divergent else None,
-        "table": report.table(), "rows": report_rows(report, prod_cmp, ref_p),
+    rows = report_rows(report, prod_cmp, ref_p)
+    details = {
+        "case": dataclasses.asdict(case), "quant": case.quant, "passed": None, "first_divergent": None,
+        "table": report.table(), "rows": None,
         "audit": info.get("audit", []), "attach_notes": info.get("attach_notes", []),
         "step_notes": info.get("step_notes", []),
         "routing_ties": {str(k): v for k, v in ties.items()},
@@ -294,6 +295,11 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
                    "agree": prod_tokens == runs.free_tokens},
         "timing_s": timing, "reference_device": runs.device, "fp8_kernels": info.get("fp8_kernels"),
         "unquantized_modules": info.get("unquantized_modules"),
-        "model_kernel_paths": info.get("model_kernel_paths"), "regimes": runs.regimes,
-        "prod_keys": sorted(prod), "_prod": prod, "_ref": ref, "_prod_cmp": prod_cmp, "_report": report,
+        "model_kernel_paths": info.get("model_kernel_paths"), "regimes": None,
+        "prod_keys": sorted(prod),
     }
+    return Verdict(kind="module", passed=report.passed,
+                   first_divergent=report.first_divergent.name if report.first_divergent else None,
+                   rows=rows, regimes=runs.regimes,
+                   notes=[*info.get("attach_notes", []), *map(str, info.get("step_notes", []))],
+                   trace=prod, reference=ref, trace_compared=prod_cmp, comparison=report, details=details)

@@ -1,0 +1,35 @@
+"""``harness.verdict.Verdict``: the module judge's typed record and its report, whose keys and order
+are those the saved reports have always had (reports are compared across runs)."""
+
+from __future__ import annotations
+
+import json
+
+from harness.production.module import side_by_side as sbs
+from harness.production.verdict.fp8_emulation import emulate
+from harness.verdict import Verdict
+
+# the module judge's report keys, in order, as side_by_side.json / rejudge.json hold them
+REPORT_KEYS = ["case", "quant", "passed", "first_divergent", "table", "rows", "audit", "attach_notes", "step_notes",
+               "routing_ties", "router_self_check", "skipped", "layer_policy", "tokens", "timing_s",
+               "reference_device", "fp8_kernels", "unquantized_modules", "model_kernel_paths", "regimes", "prod_keys"]
+
+
+def test_the_module_judge_returns_a_verdict_whose_report_keeps_its_keys():
+    case = sbs.GPU_CASES[sbs.FP8_CASE_IDS[0]]
+    v = emulate(case, "deepgemm-e8m0")
+    assert isinstance(v, Verdict) and v.kind == "module"
+    rep = v.to_report()
+    assert list(rep) == REPORT_KEYS
+    assert rep["passed"] is v.passed and rep["first_divergent"] == v.first_divergent
+    assert rep["rows"] is v.rows and rep["regimes"] is v.regimes
+    assert v.trace and v.reference and v.trace_compared and v.comparison.results
+    json.dumps(rep, default=str)  # JSON-able as written
+
+
+def test_to_report_writes_the_typed_fields_under_their_keys():
+    v = Verdict(kind="module", passed=False, first_divergent="step0.logits", rows=[{"key": "step0.logits"}],
+                regimes={"r": 1}, details={"case": {"id": "c"}, "passed": None, "first_divergent": None,
+                                           "rows": None, "regimes": None, "extra": 3})
+    assert v.to_report() == {"case": {"id": "c"}, "passed": False, "first_divergent": "step0.logits",
+                             "rows": [{"key": "step0.logits"}], "regimes": {"r": 1}, "extra": 3}
