@@ -265,9 +265,9 @@ def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``compare`` and ``main`` (which runs compare on a GPU)."""
     p.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny",
                    help="a checkpoint directory, preset:NAME (seeded weights) or a GPU case id")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=None)  # default commands.compare.DEFAULT_STEPS
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism: runs on that many GPUs, also vs TP=1")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)  # default commands.compare.DEFAULT_SEED
     p.add_argument("--report", default=None, help="write the JSON report here")
 
 

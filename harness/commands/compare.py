@@ -48,10 +48,15 @@ def bisect_case_ids(args) -> list[str]:
 
 MAX_TP = 8      # GPUs of one host
 MAX_STEPS = 32  # draft steps K
+# --steps / --seed when neither is given: they shape a checkpoint directory's or a preset's case;
+# a case id fixes its own, so they are refused there (exit 2), never dropped
+DEFAULT_STEPS, DEFAULT_SEED = 2, 0
 
 
 def _case_for(args):
-    """The GpuCase ``compare`` runs: a checkpoint directory, preset:NAME (seeded weights) or a GPU case id."""
+    """The GpuCase ``compare`` runs: a checkpoint directory, preset:NAME (seeded weights) or a GPU case id
+    (an engine case id: the id). The one mapping of ``compare``'s arguments to a case: ``--steps`` /
+    ``--seed`` apply to a checkpoint directory or a preset; with a case id they are bad input."""
     import os
 
     from harness.presets import check_kernel_constraints, preset
@@ -60,6 +65,12 @@ def _case_for(args):
     from harness.production.cases import GPU_CASES, GpuCase
 
     ckpt = args.ckpt or "preset:tiny"
+    given = [flag for flag, v in (("--steps", args.steps), ("--seed", args.seed)) if v is not None]
+    if given and (ckpt in GPU_CASES or ckpt in _engine_cases()):
+        raise CLIError(f"{' and '.join(given)}: case {ckpt} fixes its own steps and seed; drop "
+                       f"{'them' if len(given) > 1 else 'it'}, or give preset:NAME or a checkpoint directory")
+    steps = DEFAULT_STEPS if args.steps is None else args.steps
+    seed = DEFAULT_SEED if args.seed is None else args.seed
     if os.path.isdir(ckpt):
         if not os.path.isfile(os.path.join(ckpt, "config.json")):
             raise CLIError(f"{ckpt}: not a checkpoint directory (no config.json)")
@@ -69,8 +80,8 @@ def _case_for(args):
         # any GPU question: a bad checkpoint is bad input (exit 2) on any machine
         loaded = _validated_checkpoint(path)
         from harness.checkpoint.quant import quant_of_config
-        case = GpuCase(f"ckpt-{os.path.basename(path.rstrip(os.sep))}-seed{args.seed}", ckpt_dir=path,
-                       seed=args.seed, steps=args.steps, requests=2, tokens=160)
+        case = GpuCase(f"ckpt-{os.path.basename(path.rstrip(os.sep))}-seed{seed}", ckpt_dir=path,
+                       seed=seed, steps=steps, requests=2, tokens=160)
         try:
             case = dataclasses.replace(case, quant=quant_of_config(loaded.hf_config))
         except (OSError, ValueError) as exc:
@@ -80,7 +91,7 @@ def _case_for(args):
     elif ckpt in _engine_cases():
         return ckpt  # vLLM's own speculator, engine level (engine.py)
     elif ckpt.startswith("preset:"):
-        case = GpuCase(f"{ckpt[7:]}-seed{args.seed}", preset=ckpt[7:], seed=args.seed, steps=args.steps,
+        case = GpuCase(f"{ckpt[7:]}-seed{seed}", preset=ckpt[7:], seed=seed, steps=steps,
                        requests=2, tokens=160)
         try:
             preset(case.preset)
@@ -133,11 +144,13 @@ def validate_args(command: str, args) -> None:
             check.not_an_input("--report", report, args.ckpt)
         if getattr(args, "tp", 1) < 1:
             raise CLIError("--tp must be >= 1")
-        if args.steps < 1:
+        if args.steps is not None and args.steps < 1:
             raise CLIError("--steps must be >= 1")
         check.integer("--tp", args.tp, 1, MAX_TP, "GPUs of one host")
-        check.integer("--steps", args.steps, 1, MAX_STEPS)
-        check.seed("--seed", args.seed)
+        if args.steps is not None:
+            check.integer("--steps", args.steps, 1, MAX_STEPS)
+        if args.seed is not None:
+            check.seed("--seed", args.seed)
         if isinstance(_case_for(args), str) and args.tp != 1:
             raise CLIError(f"--tp {args.tp}: applies to side-by-side cases; engine case {args.ckpt} runs at TP = 1")
     elif command == "bisect_command":

@@ -717,3 +717,20 @@ def test_answered_before_torch_is_imported(tmp_path, argv, code, line):
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert line in r.stdout + r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x.safetensors").exists()
+
+
+@pytest.mark.parametrize("flags", [("--steps", "3"), ("--seed", "7"), ("--steps", "3", "--seed", "7")])
+def test_compare_refuses_steps_and_seed_with_a_case_id(capsys, flags):
+    """A case id fixes its steps and seed: ``--steps`` / ``--seed`` with one are exit 2 in one
+    line naming them (never silently dropped), on any machine; a preset takes them."""
+    from harness.cli import build_parser
+    from harness.commands.compare import _case_for, validate_args
+    from harness.production.cases import GPU_CASES
+    from harness.production.engine.cases import ENGINE_CASES
+
+    for cid in (next(iter(GPU_CASES)), next(iter(ENGINE_CASES))):
+        _assert_one_line(*_run(capsys, "compare", cid, *flags), 2, cid, flags[0])
+    args = build_parser().parse_args(["compare", "preset:tiny", *flags])
+    validate_args("compare_command", args)
+    case = _case_for(args)
+    assert case.steps == (3 if "--steps" in flags else 2) and case.seed == (7 if "--seed" in flags else 0)
