@@ -23,7 +23,7 @@ __all__ = ["ProductionSession", "cast_for_vllm", "run_production"]
 def __getattr__(name):
     """The API, imported on first use: importing the package (as ``python -m
     harness.production.*`` does before its module runs) imports no torch, so those entry points
-    can apply ``$HYV4_JIT_CACHE`` first (``harness.runtime.apply_jit_cache``)."""
+    can apply ``$HYV4_JIT_CACHE`` first (``harness.ci_speed.jit_cache.apply_jit_cache``)."""
     if name == "cast_for_vllm":
         from .module.checkpoint_cast import cast_for_vllm
         return cast_for_vllm

@@ -83,7 +83,7 @@ def _main(args) -> int:
         from harness.production.engine.run import rejudge_dir
 
         return rejudge_dir(args.rejudge, args.case, args.out, debug=args.debug)
-    from harness.runtime import cannot_run_engine_reason
+    from harness.production.can_run import cannot_run_engine_reason
 
     reason = cannot_run_engine_reason()
     if reason:
