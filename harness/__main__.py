@@ -14,7 +14,7 @@ import sys
 
 from .ci_speed.startup_gc import defer_gc
 
-defer_gc()  # the program's start-up only (not where a test calls cli.main): ended at vLLM's import
+defer_gc()  # the program's start-up only (not where a test calls cli.main): resumed once vLLM is imported
 from .ci_speed import model_info_prefetch  # noqa: E402
 from .cli import main  # noqa: E402
 

@@ -7,6 +7,9 @@
     tp/           tensor parallelism: one process per rank, rank traces merged by the registry's rules
     goldens/      production goldens: vLLM's own trace recorded per platform, checked tightly
     compare_cli.py  ``python -m harness compare`` / ``bisect-check`` over all of the above
+    can_run.py    can the production path run here (one reason or None); where the reference replays
+    process_temp.py  this process's temp folder for vLLM's model directories
+    run_hooks.py  where a command's start-up machinery (``harness.ci_speed``) may act in a run
 
 API:
     out = run_production(hf_config, weights_ckpt, first, steps)   # {"step0.attn.core": ...}

@@ -117,18 +117,22 @@ def test_package_map_layer_answers_as_importlib_and_follows_installs(tmp_path, m
 
 def test_gc_deferral_is_the_program_start_only(monkeypatch):
     """``python -m harness`` pauses the cyclic GC for its imports and resumes it (frozen) when a
-    model is about to be built; ``end_gc_deferral`` touches nothing it did not pause, and a test
-    calling ``cli.main`` in process does not pause it."""
+    model is about to be built (the production path's ``vllm_imported`` point, which names no
+    ci_speed module); ``end_gc_deferral`` touches nothing it did not pause, and a test calling
+    ``cli.main`` in process does not pause it."""
     import gc
 
+    from harness.production import run_hooks
+
     monkeypatch.setattr(startup_gc, "_GC_DEFERRED", False)
+    monkeypatch.setattr(run_hooks, "_hooks", {point: [] for point in run_hooks.POINTS})
     was = gc.isenabled()
     try:
         gc.enable()
         startup_gc.defer_gc()
         assert not gc.isenabled()
         frozen = gc.get_freeze_count()
-        startup_gc.end_gc_deferral()
+        run_hooks.fire("vllm_imported")  # as ProductionSession and the engine's build_llm do
         assert gc.isenabled() and gc.get_freeze_count() > frozen  # what the imports made is frozen
         gc.disable()  # paused by someone else (the speed plugin while collecting): left so
         startup_gc.end_gc_deferral()
@@ -520,15 +524,17 @@ def test_model_info_wait_never_blocks_a_run_on_a_failed_or_hung_prefetch(tmp_pat
     """A background inspection that fails or hangs: ``wait`` returns (killing a hung one and
     what it started), says so in one line, and writes no marker; vLLM then inspects itself."""
     from harness.ci_speed import model_info_prefetch as model_info
+    from harness.production import run_hooks
 
     _stand_in_vllm(tmp_path, monkeypatch)
     monkeypatch.setattr(model_info, "_command", lambda key: [sys.executable, "-c", child])
     monkeypatch.setattr(model_info, "WAIT_S", wait_s)
     monkeypatch.setattr(model_info, "_proc", None)
+    monkeypatch.setattr(run_hooks, "_hooks", {point: [] for point in run_hooks.POINTS})
     assert model_info.start() is True
     proc = model_info._proc
     assert model_info.start() is False  # one at a time
-    model_info.wait()
+    run_hooks.fire("before_vllm_config")  # as build_vllm_config does: wait() joins it
     assert proc.poll() is not None and model_info._proc is None
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and how in err and "vLLM inspects as usual" in err
