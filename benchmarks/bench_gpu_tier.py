@@ -43,7 +43,7 @@ import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.timeline import format_summary, summarize  # noqa: E402  (imports nothing heavy)
+from harness.ci_speed.pytest_timeline import format_summary, summarize  # noqa: E402  (imports nothing heavy)
 
 STEPS = ("warmup-cold", "bisect-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect", "bisect-graphs",
          "draft-step", "cpu-tier")
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
             junit = out / "tier-junit.xml"
             evidence = out / "tier-evidence"  # per-test JSON/JSONL: engine reports, mutant lines
             evidence.mkdir(exist_ok=True)
-            timeline = out / "tier-timeline"  # per process: start-up, collection, busy, idle (harness.timeline)
+            timeline = out / "tier-timeline"  # per process: start-up, collection, busy, idle (harness.ci_speed.pytest_timeline)
             shutil.rmtree(timeline, ignore_errors=True)
             tier_env = {"HYV4_GPU_OUT": str(evidence), "HYV4_REPORT_DIR": str(evidence), "HYV4_TIMELINE": str(timeline),
                         **env}
@@ -202,7 +202,7 @@ def print_table(res: dict) -> None:
         for name, t in sorted(tier.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {t:7.1f} s  {name}")
     if res.get("tier", {}).get("timeline"):
-        print("\nGPU tier, per pytest process (harness.timeline):")
+        print("\nGPU tier, per pytest process (harness.ci_speed.pytest_timeline):")
         print("\n".join("  " + ln for ln in format_summary(res["tier"]["timeline"])))
 
 

@@ -24,7 +24,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.runtime import apply_jit_cache  # noqa: E402
+from harness.ci_speed.jit_cache import apply_jit_cache  # noqa: E402
 
 apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harness` does (the eager twin inherits it)
 
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         print(f"error: --case {args.case}: not a graph-mode engine case "
               f"({', '.join(c for c, e in ENGINE_CASES.items() if e.graphs)})", file=sys.stderr)
         return 2
-    from harness.runtime import cannot_run_engine_reason
+    from harness.production.can_run import cannot_run_engine_reason
     reason = cannot_run_engine_reason()
     if reason:
         print(f"cannot judge: {reason}")

@@ -12,10 +12,10 @@ import logging
 import os
 import sys
 
-from .runtime import defer_gc
+from .ci_speed.startup_gc import defer_gc
 
-defer_gc()  # the program's start-up only (not where a test calls cli.main): runtime.end_gc_deferral
-from . import model_info  # noqa: E402
+defer_gc()  # the program's start-up only (not where a test calls cli.main): resumed once vLLM is imported
+from .ci_speed import model_info_prefetch  # noqa: E402
 from .cli import main  # noqa: E402
 
 try:
@@ -24,8 +24,8 @@ except KeyboardInterrupt:  # Ctrl-C before a command's guard was up (start-up): 
     print("interrupted (SIGINT): nothing half-written is left", file=sys.stderr)
     code = 130
 try:
-    model_info.stop()  # the exit hooks of this package: a background inspection still running,
-    from .runtime import remove_process_temp_dir
+    model_info_prefetch.stop()  # the exit hooks of this package: a background inspection still running,
+    from .production.process_temp import remove_process_temp_dir
     remove_process_temp_dir()  # and the vLLM model directories this process wrote
     logging.shutdown()
     sys.stdout.flush()

@@ -165,11 +165,11 @@ def _on_production(command: str, args) -> int:
     """Run ``harness.commands.compare.<command>`` or exit 125 where production cannot run.
 
     Arguments are checked first (a wrong flag is exit 2 on any machine)."""
-    from . import runtime
+    from .production import can_run
     from .commands.compare import validate_args
 
     validate_args(command, args)
-    reason = runtime.cannot_run_production_reason()
+    reason = can_run.cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return EXIT_CANNOT_JUDGE
@@ -194,11 +194,11 @@ def cmd_main_job(args) -> int:
     """The README's main job: side by side on the built-in synthetic case where a
     GPU is present; else the reference checked against its goldens. Its arguments are those of
     ``compare`` and are checked as such on any machine (bad input is exit 2 with or without a GPU)."""
-    from . import runtime
+    from .production import can_run
     from .commands.compare import validate_args
 
     validate_args("compare_command", args)
-    reason = runtime.cannot_run_production_reason()
+    reason = can_run.cannot_run_production_reason()
     if reason is None:
         return cmd_compare(args)
     print(f"no production path here ({reason}): checking the reference against its goldens")
@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     mu.set_defaults(func=cmd_mutants)
 
     w = sub.add_parser("warmup", help="compile the GPU stack's JIT kernels once per host (0 warmed, 2, 125)")
-    from .warmup import add_arguments as add_warmup_arguments, cmd_warmup
+    from .ci_speed.warmup import add_arguments as add_warmup_arguments, cmd_warmup
     add_warmup_arguments(w)
     w.set_defaults(func=cmd_warmup)
 
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .exitcodes import run_guarded
     from .input_checks import environment
-    from .runtime import apply_jit_cache, precompile_bytecode
+    from .ci_speed.jit_cache import apply_jit_cache, precompile_bytecode
 
     # the documented environment variables first: $HYV4_JIT_CACHE is used just below
     code = run_guarded(environment, debug="--debug" in (sys.argv[1:] if argv is None else argv))
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_jit_cache()
     precompile_bytecode()  # a cold bytecode layer on a many-core host: all at once, not one by one
     args = build_parser().parse_args(argv)  # imports no torch
-    from . import model_info
-    if model_info.wanted(args):
-        model_info.start()  # vLLM's model-class inspection, cold: beside the imports, not after them
+    from .ci_speed import model_info_prefetch
+    if model_info_prefetch.wanted(args):
+        model_info_prefetch.start()  # vLLM's model-class inspection, cold: beside the imports, not after them
     return run_guarded(args.func, args, debug=args.debug)

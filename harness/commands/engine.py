@@ -89,7 +89,7 @@ def _main(args) -> int:
         if args.sweep:
             raise CLIError("--rejudge and --sweep: choose one")
         return rejudge_dir(args.rejudge, args.case, args.out, debug=args.debug)
-    from harness.runtime import cannot_run_engine_reason
+    from harness.production.can_run import cannot_run_engine_reason
 
     reason = cannot_run_engine_reason()
     if reason:

@@ -212,7 +212,7 @@ def run_catalogue(mutants: list[Mutant], *, report: str | None = None, control: 
 def mutants_command(args) -> int:
     """Exit codes are ``harness.exitcodes``'s: 0 every selected mutant detected, 1 one missed,
     2 bad arguments (checked first), 125 production cannot run here."""
-    from harness import runtime
+    from harness.production import can_run
     from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError
 
     if getattr(args, "speculator", False):  # planted bugs in vLLM's speculator, through bisect-check
@@ -225,7 +225,7 @@ def mutants_command(args) -> int:
         unknown = [n for n in (args.only or []) if n not in S.MUTANTS]
         if unknown:
             raise CLIError(f"--only {unknown}: unknown speculator mutant(s); known: {', '.join(S.MUTANTS)}")
-        reason = runtime.cannot_run_engine_reason()
+        reason = can_run.cannot_run_engine_reason()
         if reason:
             print(f"cannot judge: {reason}")
             return EXIT_CANNOT_JUDGE
@@ -243,7 +243,7 @@ def mutants_command(args) -> int:
         raise CLIError(f"--budget-s {args.budget_s}: must be a finite number of seconds > 0")
     if args.report and os.path.isdir(args.report):
         raise CLIError(f"--report {args.report}: is a directory; give a .json file path")
-    reason = runtime.cannot_run_production_reason()
+    reason = can_run.cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return EXIT_CANNOT_JUDGE

@@ -6,6 +6,9 @@
     engine/       the engine path: ``vllm.LLM`` with vLLM's own MTP speculator, recorded and replayed
     tp/           tensor parallelism: one process per rank, rank traces merged by the registry's rules
     goldens/      production goldens: vLLM's own trace recorded per platform, checked tightly
+    can_run.py    can the production path run here (one reason or None); where the reference replays
+    process_temp.py  this process's temp folder for vLLM's model directories
+    run_hooks.py  where a command's start-up machinery (``harness.ci_speed``) may act in a run
 
 API:
     out = run_production(hf_config, weights_ckpt, first, steps)   # {"step0.attn.core": ...}
@@ -22,7 +25,7 @@ __all__ = ["ProductionSession", "cast_for_vllm", "run_production"]
 def __getattr__(name):
     """The API, imported on first use: importing the package (as ``python -m
     harness.production.*`` does before its module runs) imports no torch, so those entry points
-    can apply ``$HYV4_JIT_CACHE`` first (``harness.runtime.apply_jit_cache``)."""
+    can apply ``$HYV4_JIT_CACHE`` first (``harness.ci_speed.jit_cache.apply_jit_cache``)."""
     if name == "cast_for_vllm":
         from .module.checkpoint_cast import cast_for_vllm
         return cast_for_vllm

@@ -3,7 +3,7 @@
 
 import sys
 
-from harness.runtime import apply_jit_cache
+from harness.ci_speed.jit_cache import apply_jit_cache
 
 apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported (as `python -m harness`)
 from harness.production.goldens.goldens_gpu import main  # noqa: E402

@@ -456,7 +456,7 @@ def _plan(path: str) -> int:
     # vLLM inspects each model class in a fresh subprocess (importing torch and vLLM again) when
     # its cache ($VLLM_CACHE_ROOT/modelinfos, here the probe's own directory) is empty: two of
     # them, ~46 s of CPU on CI's 2 cores. This throwaway process inspects in process instead.
-    from harness.model_info import inspect_in_this_process
+    from harness.ci_speed.model_info_prefetch import inspect_in_this_process
     inspect_in_this_process()
     _each("config", plan.get("config", []), lambda cid: _config_lines([cid]))
     if plan.get("load") or plan.get("build") or plan.get("walk"):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from harness.runtime import gpu_device_nodes
+from harness.production.can_run import gpu_device_nodes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "cpu" / "_vllm_config_probe.py"

@@ -1,10 +1,10 @@
 """The exit-code contract over eleven classes of hostile input (beside ``test_exit_contract.py``).
 
 1 outputs that are not regular files, 2 an empty or ``-`` CKPT_DIR, 3 bad input checked before
-any GPU question, 4 bad input that used to be "unexpected" (125), 5 ``harness.schedule`` and
-``harness.timeline``, 6 ``synth --force``'s swap, 7 signals and dead runs' leftovers, 8 upper
-bounds, 9 vLLM model directories, 10 the documented environment variables, 11 messages that
-name the culprit. Each bad input is exit 2 with one line naming the flag, variable, key,
+any GPU question, 4 bad input that used to be "unexpected" (125), 5 ``harness.ci_speed``'s
+``xdist_schedule`` and ``pytest_timeline``, 6 ``synth --force``'s swap, 7 signals and dead runs'
+leftovers, 8 upper bounds, 9 vLLM model directories, 10 the documented environment variables,
+11 messages that name the culprit. Each bad input is exit 2 with one line naming the flag, variable, key,
 tensor or file, nothing written; the commands run in process on a host made to look like a
 GPU host whose production path fails the test if reached.
 """
@@ -33,14 +33,14 @@ class ProductionReached(AssertionError):
 @pytest.fixture
 def gpu_host(monkeypatch):
     """Looks like a GPU host; any production run, engine or mutant catalogue fails the test."""
-    from harness import runtime
+    from harness.production import can_run
     from harness.commands import compare as compare_cli
     from harness.production.module import side_by_side
 
     def must_not_run(*a, **kw):
         raise ProductionReached("production reached: the input was not validated first")
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", must_not_run)
     monkeypatch.setattr(compare_cli, "start_engine_cases", must_not_run)
 
@@ -125,7 +125,7 @@ def test_synth_out_dir_that_is_not_a_directory(kind, tmp_path, capsys):
 
 
 def test_schedule_destination_that_is_special(tmp_path, capsys):
-    from harness import schedule
+    from harness.ci_speed import xdist_schedule as schedule
 
     junit = tmp_path / "j.xml"
     junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
@@ -213,10 +213,10 @@ def test_bad_input_is_answered_before_the_gpu_question(tmp_path, capsys, gpu_hos
 
 
 def test_engine_command_checks_its_outputs_and_variables_first(tmp_path, capsys, monkeypatch):
-    from harness import runtime
+    from harness.production import can_run
     from harness.commands.engine import main as engine_main
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     f = tmp_path / "afile"
     f.write_text("x")
     _one_line(_run(capsys, "--case", "engine-accept-k3-share", "--out", f / "x", main=engine_main), 2, "--out")
@@ -338,7 +338,7 @@ def test_a_lying_shard_header_names_its_tensor(tiny_ckpt, tmp_path, capsys, gpu_
 
 
 def test_an_output_never_replaces_an_input(tiny_ckpt, tmp_path, capsys, gpu_host):
-    from harness import schedule
+    from harness.ci_speed import xdist_schedule as schedule
 
     d = _copy(tiny_ckpt, tmp_path / "ck")
     good = _good_report(tmp_path)
@@ -400,10 +400,10 @@ def test_a_truncated_recording_is_bad_input(tmp_path, capsys):
                for ln in lines), text
 
 
-# ---- 5: harness.schedule and harness.timeline follow the contract ---------------------------------
+# ---- 5: harness.ci_speed.xdist_schedule and pytest_timeline follow the contract ------------------
 
 def test_schedule_bad_input(tmp_path, capsys):
-    from harness import schedule
+    from harness.ci_speed import xdist_schedule as schedule
 
     junit = tmp_path / "j.xml"
     junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
@@ -429,14 +429,14 @@ def test_schedule_bad_input(tmp_path, capsys):
     (lambda d: (d / "w.jsonl").write_bytes(b'{"who": "w\xff"}\n'), "UTF-8"),
 ])
 def test_timeline_bad_files(make, culprit, tmp_path, capsys):
-    from harness import timeline
+    from harness.ci_speed import pytest_timeline as timeline
 
     make(tmp_path)
     _one_line(_run(capsys, tmp_path, main=timeline.main), 2, culprit)
 
 
 def test_timeline_huge_numbers_are_not_records(tmp_path, capsys):
-    from harness import timeline
+    from harness.ci_speed import pytest_timeline as timeline
 
     (tmp_path / "w.jsonl").write_text(json.dumps({"who": "w", "event": "process", "t": 10 ** 400}) + "\n"
                                       + json.dumps({"who": "w", "event": "end", "t": 5.0}) + "\n")
@@ -513,8 +513,8 @@ def test_a_signal_mid_write_leaves_nothing(sig, code, word, tmp_path, capsys):
 
 
 def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
-    """An entry point interrupted mid-write (``python -m harness.schedule``, no torch): one line,
-    130, no traceback, no temp file."""
+    """An entry point interrupted mid-write (``python -m harness.ci_speed.xdist_schedule``, no
+    torch): one line, 130, no traceback, no temp file."""
     import sys
 
     (tmp_path / "sitecustomize.py").write_text(
@@ -527,7 +527,7 @@ def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
     junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    r = subprocess.run([sys.executable, "-m", "harness.schedule", str(junit), str(tmp_path / "d.json"), "r"],
+    r = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(junit), str(tmp_path / "d.json"), "r"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                        # SIGINT as an interactive shell leaves it (a background job inherits it ignored)
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -591,21 +591,21 @@ def test_counts_are_bounded_above(argv, culprit, tmp_path, capsys, gpu_host):
 def test_model_directories_are_removed(tmp_path, monkeypatch):
     import tempfile
 
-    from harness import runtime
+    from harness.production import process_temp
     from harness.production.module.vllm_config import write_model_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(runtime, "_process_temp", [])
-    dead = tmp_path / f"{runtime.PROCESS_TEMP_PREFIX}{2 ** 22 + 54321}"
+    monkeypatch.setattr(process_temp, "_process_temp", [])
+    dead = tmp_path / f"{process_temp.PROCESS_TEMP_PREFIX}{2 ** 22 + 54321}"
     dead.mkdir()
     path = write_model_dir({"model_type": "x"})
     assert Path(path, "config.json").is_file() and not dead.exists()
-    runtime.remove_process_temp_dir()
+    process_temp.remove_process_temp_dir()
     assert list(tmp_path.iterdir()) == []
     parents = tmp_path / "a-parent's"  # inherited through a fork: the parent's to remove, not the child's
     parents.mkdir()
-    monkeypatch.setattr(runtime, "_process_temp", [(os.getpid() + 1, str(parents))])
-    runtime.remove_process_temp_dir()
+    monkeypatch.setattr(process_temp, "_process_temp", [(os.getpid() + 1, str(parents))])
+    process_temp.remove_process_temp_dir()
     assert parents.is_dir()
 
 
@@ -616,27 +616,27 @@ def test_a_folder_whose_owner_holds_its_lock_is_kept_whatever_its_pid(tmp_path, 
     import sys
     import tempfile
 
-    from harness import runtime
+    from harness.production import process_temp
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(runtime, "_process_temp", [])
-    other = tmp_path / f"{runtime.PROCESS_TEMP_PREFIX}{2 ** 22 + 54322}"  # no such pid here
+    monkeypatch.setattr(process_temp, "_process_temp", [])
+    other = tmp_path / f"{process_temp.PROCESS_TEMP_PREFIX}{2 ** 22 + 54322}"  # no such pid here
     other.mkdir()
     (other / "config.json").write_text("{}")
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR); "
         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"),
-        str(other / runtime.OWNER_LOCK)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        str(other / process_temp.OWNER_LOCK)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        runtime.process_temp_dir()
+        process_temp.process_temp_dir()
         assert (other / "config.json").is_file()  # owned: kept
     finally:
         holder.communicate("")
-    runtime.remove_process_temp_dir()
-    runtime.process_temp_dir()  # the next run: the lock is free, the folder goes
+    process_temp.remove_process_temp_dir()
+    process_temp.process_temp_dir()  # the next run: the lock is free, the folder goes
     assert not other.exists()
-    runtime.remove_process_temp_dir()
+    process_temp.remove_process_temp_dir()
 
 
 # ---- 10: the documented environment variables ---------------------------------------------------

@@ -16,7 +16,8 @@ import json
 import pytest
 import torch
 
-from harness import cli, goldens, runtime
+from harness import cli, goldens
+from harness.production import can_run
 from harness.compare import Report
 from harness.production.goldens import baseline, goldens_gpu
 from harness.production.module import side_by_side as sbs
@@ -68,7 +69,7 @@ def host(monkeypatch):
 
     monkeypatch.setattr(sbs, "run_case", run_case)
     monkeypatch.setattr(sbs, "versions", lambda: {"note": "CPU stand-in"})
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(goldens_gpu, "platform", lambda: dict(h.platform))
     monkeypatch.setattr(goldens_gpu, "recorded_with", lambda: dict(h.vllm))
     return h

@@ -158,7 +158,7 @@ def test_reference_builds_what_vllm_builds(built, row):
 
 def test_the_probe_inspected_both_model_classes_on_its_own_cache_root(vllm_probe, built):
     """The probe ran vLLM's model-class inspection for the target and the draft in its own
-    process (``harness.model_info.inspect_in_this_process``) into the run's own vLLM cache
+    process (``harness.ci_speed.model_info_prefetch.inspect_in_this_process``) into the run's own vLLM cache
     (never the user's): vLLM's cache files for both are there once the probe has answered."""
     names = sorted(p.name for p in (vllm_probe.dir / "vllm-cache" / "modelinfos").glob("*.json"))
     assert len(names) == 2 and any("HYV4MTP" in n for n in names) and any("HYV4ForCausalLM" in n for n in names), names

@@ -52,13 +52,13 @@ class ProductionReached(AssertionError):
 @pytest.fixture
 def gpu_host(monkeypatch):
     """Looks like a GPU host; the production run itself must not be reached (stub raises)."""
-    from harness import runtime
+    from harness.production import can_run
     from harness.production.module import side_by_side
 
     def must_not_run(case, **kw):
         raise ProductionReached(f"production reached for {case.id}: the input was not validated first")
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", must_not_run)
 
 
@@ -314,9 +314,9 @@ def test_bad_checkpoint_is_bad_input(command, bad_dir, tmp_path, capsys, gpu_hos
 
 
 def test_good_checkpoint_without_a_gpu_cannot_be_judged(bases, tmp_path, capsys, monkeypatch):
-    from harness import runtime
+    from harness.production import can_run
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
     for base in bases.values():
         before = _snapshot(base)
         code, lines, text = _run(capsys, "compare", base, "--report", tmp_path / "r.json")
@@ -327,7 +327,7 @@ def test_good_checkpoint_without_a_gpu_cannot_be_judged(bases, tmp_path, capsys,
 # ---- production outcomes: vLLM load failures are bad commits, other crashes cannot judge -------
 
 def _production_raises(monkeypatch, exc):
-    from harness import runtime
+    from harness.production import can_run
     from harness.production.module import side_by_side
 
     from harness.commands import compare as compare_cli
@@ -340,7 +340,7 @@ def _production_raises(monkeypatch, exc):
             raise exc
         return []
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", run_case)
     monkeypatch.setattr(compare_cli, "start_engine_cases", start_engine_cases)
 
@@ -377,7 +377,7 @@ def test_tp_rank_load_failure_is_a_bad_commit(monkeypatch, capsys):
     """A LoadAuditError of a TP rank reaches the parent as a LoadAuditError (exit 1)."""
     import torch.cuda
 
-    from harness import runtime
+    from harness.production import can_run
     from harness.commands import compare as compare_cli
     from harness.production.tp import multigpu
     from harness.production.module.audit import LoadAuditError
@@ -395,7 +395,7 @@ def test_tp_rank_load_failure_is_a_bad_commit(monkeypatch, capsys):
     def run_case_tp(workers, case):
         raise LoadAuditError([f"rank 1: {UNLOADED[0]}"])
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(multigpu, "TPWorkers", Workers)
     monkeypatch.setattr(multigpu, "run_case_tp", run_case_tp)
@@ -471,7 +471,7 @@ def test_bad_arguments_are_one_line_exit_2(case_id, argv, culprits, tmp_path, ca
 
 
 def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
-    from harness import runtime
+    from harness.production import can_run
     from harness.commands.engine import main as engine_main
     from harness.production.engine import judge as engine
     from harness.production.engine.cases import ENGINE_CASES
@@ -481,8 +481,8 @@ def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     _assert_one_line(*_run(capsys, "--rejudge", tmp_path / "missing", main=engine_main), 2,
                      f"error: --rejudge {tmp_path / 'missing'}: not a directory")
     (tmp_path / "file").write_text("x")
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: None)
-    monkeypatch.setattr(runtime, "cannot_run_engine_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(can_run, "cannot_run_engine_reason", lambda: None)
     _assert_one_line(*_run(capsys, "--case", case, "--out", tmp_path / "file", main=engine_main), 2,
                      "exists and is not a directory")
     # a crash inside vLLM: 125; a load failure: 1; each one line, the traceback only in the report
@@ -604,12 +604,13 @@ def test_update_goldens_is_refused_whenever_ci_is_set(value, refused):
 
 
 def test_main_job_with_a_corrupt_golden_cannot_judge(monkeypatch, capsys):
-    from harness import goldens, runtime
+    from harness import goldens
+    from harness.production import can_run
 
     def load(kind, case_id, root=None):
         raise goldens.GoldenError(f"golden file goldens/{kind}/{case_id}.safetensors is corrupt or edited")
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
     monkeypatch.setattr(goldens, "load", load)
     code, lines, text = _run(capsys, "main")
     assert code == 125 and "Traceback" not in text and any("is corrupt or edited" in line for line in lines), text
@@ -663,20 +664,20 @@ def test_interpreter_teardown_cannot_change_the_exit_code(tmp_path):
 def test_main_job_rejects_bad_input_on_a_host_without_a_gpu(monkeypatch, capsys, argv, culprit):
     """The main job's arguments are compare's: exit 2 on any machine, not ignored where the
     job falls back to the reference goldens (a GPU host already said 2)."""
-    from harness import runtime
+    from harness.production import can_run
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
     _assert_one_line(*_run(capsys, "main", *argv), 2, culprit)
 
 
 def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys):
     """``main --report`` where the job falls back to the reference goldens: the judged cases'
     reports in compare's format (``harness report`` reads it), not silently nothing."""
-    from harness import runtime
+    from harness.production import can_run
     from harness.golden_check import GOLDEN_CASES
     from harness.report import read_report
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device")
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
     code, lines, text = _run(capsys, "main", "--report", tmp_path / "r.json")
     assert code == 0, text
     doc = read_report(tmp_path / "r.json")
@@ -702,7 +703,7 @@ def test_answered_before_torch_is_imported(tmp_path, argv, code, line):
     import subprocess
     import sys
 
-    from harness.runtime import gpu_device_nodes
+    from harness.production.can_run import gpu_device_nodes
 
     if gpu_device_nodes():
         pytest.skip("a GPU host: the engine command goes on to import torch")

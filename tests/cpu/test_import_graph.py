@@ -1,6 +1,6 @@
 """The project's import graph (``harness``, ``reference``): no module-level import cycle, each
-layer imports only what its package docstring allows (also inside functions), and every module
-imports in a fresh interpreter."""
+layer imports only what its package docstring allows (also inside functions), the CI-speed
+package and the numeric harness stay apart, and every module imports in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ ALLOWED = {
     "harness.verdict": (),
     "harness.production.verdict": ("reference", "harness.components", "harness.compare", "harness.regimes",
                                    "harness.verdict",
-                                   "harness.runtime", "harness.presets", "harness.checkpoint",
+                                   "harness.production.can_run", "harness.presets", "harness.checkpoint",
                                    "harness.production.cases", "harness.production.verdict"),
     "harness.production.module.capture": ("harness.components",),
     "harness.production.engine.replay": ("reference", "harness.compare", "harness.components", "harness.atomic",
@@ -182,6 +182,73 @@ def test_the_command_and_production_layers_have_no_cycle_at_any_level():
     keep = [n for n in MODULES if _under_any(n, ACYCLIC) and not _entry_point(n)]
     graph = {n: {m for m in _imports(n, MODULES[n], top_level_only=False) if m in keep} for n in keep}
     assert _cycle(graph) is None, f"import cycle (lazy imports included): {' -> '.join(_cycle(graph))}"
+
+
+# The CI-speed machinery (``harness.ci_speed``) and the numeric harness (``reference``, ``harness``
+# outside ci_speed) stay apart, at any level. The numeric harness reaches ci_speed only from the
+# command entry points that apply the JIT cache root (and pause the GC, start the model-info
+# prefetch) before vLLM is imported, each naming what it may import; the production path's own
+# hook points (``harness.production.run_hooks``) carry the rest, registered from ci_speed.
+CI_SPEED = "harness.ci_speed"
+ENTRY_POINTS_INTO_CI_SPEED = {
+    "harness.__main__": ("harness.ci_speed.startup_gc", "harness.ci_speed.model_info_prefetch"),
+    "harness.cli": ("harness.ci_speed.jit_cache", "harness.ci_speed.model_info_prefetch",
+                    "harness.ci_speed.warmup"),  # warmup: the `harness warmup` command's arguments
+    "harness.production.engine.__main__": ("harness.ci_speed.jit_cache", "harness.ci_speed.startup_gc"),
+    "harness.production.goldens_gpu": ("harness.ci_speed.jit_cache",),  # python -m shims
+    "harness.production.side_by_side": ("harness.ci_speed.jit_cache",),
+}
+# What ci_speed may import from the numeric harness: the shared plumbing of every command (atomic
+# writes, the exit-code contract, input checks) anywhere; the rest only where a module must.
+CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks")
+CI_SPEED_MAY_IMPORT = {
+    # it runs the production side of every GPU case to compile its kernels, asking first whether
+    # production can run here
+    "harness.ci_speed.warmup": ("harness.production.can_run", "harness.production.cases",
+                                "harness.production.engine.cases", "harness.production.engine.judge",
+                                "harness.production.module.side_by_side"),
+    # the GPU device nodes (is there a GPU to tune for, one per worker), without importing torch
+    "harness.ci_speed.pytest_plugin": ("harness.production.can_run",),
+    "harness.ci_speed.model_info_prefetch": ("harness.production.can_run",  # a GPU host only
+                                             "harness.production.run_hooks"),  # joined before a VllmConfig
+    "harness.ci_speed.startup_gc": ("harness.production.run_hooks",),  # resumed once vLLM is imported
+}
+
+
+def ci_speed_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Each import across the line between ci_speed and the numeric harness that the rule above
+    does not name (``graph``: module -> the project modules it imports, at any level)."""
+    problems = []
+    for name, imports in sorted(graph.items()):
+        if _under(name, CI_SPEED):
+            allowed = CI_SPEED_SHARED + CI_SPEED_MAY_IMPORT.get(name, ())
+            problems += [f"{name} (ci_speed) imports {m} from the numeric harness" for m in sorted(imports)
+                         if not _under(m, CI_SPEED) and not any(_under(m, ok) for ok in allowed)]
+        else:
+            allowed = ENTRY_POINTS_INTO_CI_SPEED.get(name, ())
+            problems += [f"{name} (numeric harness) imports {m}" + (
+                "" if name in ENTRY_POINTS_INTO_CI_SPEED else ", and it is no entry point that applies the JIT cache")
+                for m in sorted(imports) if _under(m, CI_SPEED) and m not in allowed]
+    return problems
+
+
+def test_ci_speed_and_the_numeric_harness_stay_apart():
+    graph = {n: _imports(n, p, top_level_only=False) for n, p in MODULES.items()}
+    assert CI_SPEED in graph and all(n in MODULES for n in ENTRY_POINTS_INTO_CI_SPEED), \
+        "the rule names a module that does not exist"
+    assert all(m in MODULES for ms in [*ENTRY_POINTS_INTO_CI_SPEED.values(), *CI_SPEED_MAY_IMPORT.values()]
+               for m in ms), "the rule allows a module that does not exist"
+    problems = ci_speed_problems(graph)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_ci_speed_rule_fails_on_a_violation():
+    assert ci_speed_problems({"harness.production.module.runner": {"harness.ci_speed.startup_gc"}})
+    assert ci_speed_problems({"harness.cli": {"harness.ci_speed.pytest_plugin"}})
+    assert ci_speed_problems({"reference.mtp": {"harness.ci_speed.jit_cache"}})
+    assert ci_speed_problems({"harness.ci_speed.xdist_schedule": {"harness.production.cases"}})
+    assert not ci_speed_problems({"harness.cli": {"harness.ci_speed.jit_cache", "harness.production.can_run"},
+                                  "harness.ci_speed.xdist_schedule": {"harness.atomic", "harness.ci_speed.jit_cache"}})
 
 
 def test_every_module_imports_in_a_fresh_interpreter():

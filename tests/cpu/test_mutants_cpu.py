@@ -43,9 +43,9 @@ def test_a_golden_only_mutant_is_not_run_against_the_reference(capsys):
 
 
 def test_cannot_run_is_125(monkeypatch, capsys):
-    from harness import runtime
+    from harness.production import can_run
 
-    monkeypatch.setattr(runtime, "cannot_run_production_reason", lambda: "no CUDA device (test)")
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device (test)")
     assert cli_main(["mutants", "--only", "sink-twice"]) == 125
 
 
@@ -125,7 +125,7 @@ def test_run_catalogue_outcomes_and_report(monkeypatch, tmp_path):
     assert saved["summary"]["detected"] == 2 and saved["summary"]["missed"] == ["sink-twice"]
     assert saved["summary"]["not_applicable"] == ["softmax-scale-latent"]
     # exit code: 1 unless every selected mutant is detected
-    monkeypatch.setattr("harness.runtime.cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr("harness.production.can_run.cannot_run_production_reason", lambda: None)
     assert cli_main(["mutants", "--only", "lm-head-zero", "--report", str(report)]) == 0
     assert cli_main(["mutants", "--only", "lm-head-zero", "sink-twice"]) == 1
     out = M.run_catalogue(M.select(["lm-head-zero", "q-b-heads-rolled"]), budget_s=-1.0, log=lambda s: None)

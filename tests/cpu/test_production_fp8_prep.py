@@ -322,14 +322,14 @@ def test_rejudge_saved_fp8_traces(tmp_path):
 def test_main_fp8_run_saves_what_rejudge_needs(tmp_path, monkeypatch):
     """main() as the GPU host runs it (``--fp8 --out DIR --save-traces``), with run_case replaced by
     the emulated FP8 production trace; then ``--rejudge DIR`` on its output."""
-    import harness.runtime
+    import harness.production.can_run
 
     def fake_run_case(case, **_):
         info = {"step_notes": [], "audit": [], "fp8_kernels": {"layers": {"x": {"weight": "float8_e4m3fn"}}},
                 "timing_s": {"build": 0.0, "load": 0.0, "run": 0.0}}
         return sbs.judge(case, emulated_production_trace(case), info)
 
-    monkeypatch.setattr(harness.runtime, "cannot_run_production_reason", lambda: None)
+    monkeypatch.setattr(harness.production.can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(sbs, "run_case", fake_run_case)
     run = tmp_path / "fp8"
     assert sbs.main(["--fp8", "--out", str(run), "--save-traces"]) == 0

@@ -1,4 +1,4 @@
-"""harness.schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real scheduler)."""
+"""harness.ci_speed.xdist_schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real scheduler)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pathlib
 import pytest
 from hypothesis import given, strategies as st
 
-from harness.schedule import expected_costs, junit_durations, load_durations, spread, xdist_slices
+from harness.ci_speed.xdist_schedule import expected_costs, junit_durations, load_durations, spread, xdist_slices
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_the_measured_tier_no_longer_starts_the_engine_tests_on_one_worker():
 
     collection, balanced = max(slice_loads(list(range(len(ids))))), max(slice_loads(spread(costs, 6)))
     assert balanced <= sum(costs) / 6 + max(costs)
-    assert collection > 1.3 * balanced  # the order is what xdist would run without harness.schedule
+    assert collection > 1.3 * balanced  # the order is what xdist would run without harness.ci_speed.xdist_schedule
 
 
 def test_durations_name_existing_gpu_tests_and_unknown_tests_cost_the_median(tmp_path):
@@ -105,16 +105,13 @@ def test_junit_node_ids(tmp_path):
                                                         "tests/gpu/test_x.py::TestK::test_b": 2.0}
 
 
-def test_the_root_conftest_reorders_only_a_worksteal_worker_running_gpu_tests_alone():
-    """The hook itself (root conftest.py), on stand-in items: a worksteal xdist worker whose items
-    are all under tests/gpu gets ``spread``'s order; a controller, another --dist, or a run that
-    holds a CPU test keeps the collection order."""
-    import importlib.util
+def test_the_speed_plugin_reorders_only_a_worksteal_worker_running_gpu_tests_alone():
+    """The hook itself (``harness.ci_speed.pytest_plugin``), on stand-in items: a worksteal xdist
+    worker whose items are all under tests/gpu gets ``spread``'s order; a controller, another
+    --dist, or a run that holds a CPU test keeps the collection order."""
     import types
 
-    spec = importlib.util.spec_from_file_location("_root_conftest_under_test", ROOT / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from harness.ci_speed import pytest_plugin as mod
     d = load_durations(str(ROOT / "tests/gpu/durations.json"))
     ids = sorted(d)
 
@@ -123,7 +120,7 @@ def test_the_root_conftest_reorders_only_a_worksteal_worker_running_gpu_tests_al
 
     def run(workerinput, dist, its):
         cfg = types.SimpleNamespace(option=types.SimpleNamespace(dist="no"))  # as xdist sets it on a worker
-        if workerinput is not None:  # the controller's mode, as the root conftest's pytest_configure_node sends it
+        if workerinput is not None:  # the controller's mode, as the plugin's pytest_configure_node sends it
             cfg.workerinput = {**workerinput, mod._DIST_KEY: dist}
         before = list(its)
         mod._spread_the_long_gpu_tests(cfg, its)
@@ -144,7 +141,7 @@ def test_recording_from_bad_input_exits_2_in_one_line_and_writes_nothing(tmp_pat
 
     (tmp_path / "bad.xml").write_text("<testsuites><testcase")
     dest = tmp_path / "durations.json"
-    p = subprocess.run([sys.executable, "-m", "harness.schedule", str(tmp_path / junit), str(dest), "a run"],
+    p = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(tmp_path / junit), str(dest), "a run"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and junit in p.stderr
     assert not dest.exists()
@@ -152,20 +149,18 @@ def test_recording_from_bad_input_exits_2_in_one_line_and_writes_nothing(tmp_pat
 
 def test_a_worker_learns_the_controllers_dist_mode_from_its_workerinput():
     """On a worker, xdist resets ``config.option.dist`` to "no" (the installed xdist's own
-    ``setup_config``), so the reorder hook cannot read the mode there: the root conftest's
+    ``setup_config``), so the reorder hook cannot read the mode there: the speed plugin's
     ``pytest_configure_node`` (run by the controller for each worker it starts) puts it in the
     worker's input. Lease 2026-12-02b's timeline showed the tier in collection order before."""
-    import importlib.util
     import types
 
     from xdist.remote import setup_config
 
+    from harness.ci_speed import pytest_plugin as mod
+
     cfg = types.SimpleNamespace(option=types.SimpleNamespace(dist="worksteal"), getvalue=lambda name: "worksteal")
     setup_config(cfg, None)
     assert cfg.option.dist == "no"
-    spec = importlib.util.spec_from_file_location("_root_conftest_node", ROOT / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     for dist in ("worksteal", "load"):
         node = types.SimpleNamespace(config=types.SimpleNamespace(option=types.SimpleNamespace(dist=dist)),
                                      workerinput={"workerid": "gw0"})

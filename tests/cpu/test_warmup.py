@@ -12,8 +12,9 @@ import tarfile
 
 import pytest
 
-from harness import runtime
+from harness.ci_speed import jit_cache, startup_gc
 from harness.cli import main
+from harness.production import can_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -26,14 +27,14 @@ def no_jit_cache(monkeypatch):
     restore: each variable is set first, so its absence is restored too. A leaked
     PYTHONPYCACHEPREFIX made every later process of the worker recompile torch into a temporary
     directory, a leaked $HYV4_JIT_CACHE pointed its later commands at it.)"""
-    for var in (*runtime.JIT_CACHE_LAYOUT, runtime.JIT_CACHE_ENV, "CUDA_CACHE_MAXSIZE", "PYTHONDONTWRITEBYTECODE"):
+    for var in (*jit_cache.JIT_CACHE_LAYOUT, jit_cache.JIT_CACHE_ENV, "CUDA_CACHE_MAXSIZE", "PYTHONDONTWRITEBYTECODE"):
         was = os.environ.get(var)
         monkeypatch.setenv(var, was or "")
-        if was is None or var in runtime.JIT_CACHE_LAYOUT or var == runtime.JIT_CACHE_ENV:
+        if was is None or var in jit_cache.JIT_CACHE_LAYOUT or var == jit_cache.JIT_CACHE_ENV:
             monkeypatch.delenv(var)
     monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
     monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
-    import importlib.metadata  # and the package-map layer (runtime.memoize_packages_distributions)
+    import importlib.metadata  # and the package-map layer (jit_cache.memoize_packages_distributions)
     monkeypatch.setattr(importlib.metadata, "packages_distributions", importlib.metadata.packages_distributions)
 
 
@@ -51,7 +52,7 @@ def test_bad_flags_exit_2_naming_the_flag(argv, culprit, capsys, no_jit_cache):
 
 
 def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, no_jit_cache):
-    if runtime.cannot_run_production_reason() is None:
+    if can_run.cannot_run_production_reason() is None:
         pytest.skip("a GPU with vLLM is present: warmup would run")
     dest = tmp_path / "jit.tar.gz"
     assert main(["warmup", "--cache", str(tmp_path / "cache"), "--case", "tiny-k1", "--pack", str(dest)]) == 125
@@ -62,14 +63,14 @@ def test_no_gpu_is_cannot_judge_and_nothing_packed(tmp_path, capsys, no_jit_cach
 
 def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch, no_jit_cache):
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    assert runtime.apply_jit_cache() == {}  # no root: the libraries keep their defaults
+    assert jit_cache.apply_jit_cache() == {}  # no root: the libraries keep their defaults
     monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")
-    done = runtime.apply_jit_cache(str(tmp_path))
+    done = jit_cache.apply_jit_cache(str(tmp_path))
     assert os.environ["TRITON_CACHE_DIR"] == "/mine" and "TRITON_CACHE_DIR" not in done
-    assert set(done) == set(runtime.JIT_CACHE_LAYOUT) - {"TRITON_CACHE_DIR"}
-    assert all(os.environ[v] == str(tmp_path / sub) for v, sub in runtime.JIT_CACHE_LAYOUT.items()
+    assert set(done) == set(jit_cache.JIT_CACHE_LAYOUT) - {"TRITON_CACHE_DIR"}
+    assert all(os.environ[v] == str(tmp_path / sub) for v, sub in jit_cache.JIT_CACHE_LAYOUT.items()
                if v != "TRITON_CACHE_DIR")
-    assert os.environ[runtime.JIT_CACHE_ENV] == str(tmp_path)
+    assert os.environ[jit_cache.JIT_CACHE_ENV] == str(tmp_path)
     assert sys.pycache_prefix == str(tmp_path / "pycache") and not sys.dont_write_bytecode
     assert "PYTHONDONTWRITEBYTECODE" not in os.environ
     import importlib.metadata
@@ -95,8 +96,8 @@ def test_package_map_layer_answers_as_importlib_and_follows_installs(tmp_path, m
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
     layer = tmp_path / "layer"
-    runtime.memoize_packages_distributions(str(layer))
-    runtime.memoize_packages_distributions(str(layer))  # once per process: not wrapped twice
+    jit_cache.memoize_packages_distributions(str(layer))
+    jit_cache.memoize_packages_distributions(str(layer))  # once per process: not wrapped twice
     first = md.packages_distributions()
     assert len(calls) == 1 and len(first) > 10 and "torch" in first
     assert len(list(layer.glob("packages_distributions-*.json"))) == 1
@@ -116,21 +117,25 @@ def test_package_map_layer_answers_as_importlib_and_follows_installs(tmp_path, m
 
 def test_gc_deferral_is_the_program_start_only(monkeypatch):
     """``python -m harness`` pauses the cyclic GC for its imports and resumes it (frozen) when a
-    model is about to be built; ``end_gc_deferral`` touches nothing it did not pause, and a test
-    calling ``cli.main`` in process does not pause it."""
+    model is about to be built (the production path's ``vllm_imported`` point, which names no
+    ci_speed module); ``end_gc_deferral`` touches nothing it did not pause, and a test calling
+    ``cli.main`` in process does not pause it."""
     import gc
 
-    monkeypatch.setattr(runtime, "_GC_DEFERRED", False)
+    from harness.production import run_hooks
+
+    monkeypatch.setattr(startup_gc, "_GC_DEFERRED", False)
+    monkeypatch.setattr(run_hooks, "_hooks", {point: [] for point in run_hooks.POINTS})
     was = gc.isenabled()
     try:
         gc.enable()
-        runtime.defer_gc()
+        startup_gc.defer_gc()
         assert not gc.isenabled()
         frozen = gc.get_freeze_count()
-        runtime.end_gc_deferral()
+        run_hooks.fire("vllm_imported")  # as ProductionSession and the engine's build_llm do
         assert gc.isenabled() and gc.get_freeze_count() > frozen  # what the imports made is frozen
-        gc.disable()  # paused by someone else (the root conftest while collecting): left so
-        runtime.end_gc_deferral()
+        gc.disable()  # paused by someone else (the speed plugin while collecting): left so
+        startup_gc.end_gc_deferral()
         assert not gc.isenabled()
         gc.enable()
         assert main(["warmup", "--case", "no-such-case"]) == 2  # the whole of cli.main, in process
@@ -147,14 +152,14 @@ def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path)
     for name in ("parent_mod", "child_mod"):
         (src / f"{name}.py").write_text("X = 1\n")
     code = ("import subprocess, sys\n"
-            "from harness.runtime import apply_jit_cache\n"
+            "from harness.ci_speed.jit_cache import apply_jit_cache\n"
             "apply_jit_cache()\n"
             "import parent_mod\n"
             "sys.exit(subprocess.call([sys.executable, '-c', 'import child_mod']))\n")
     root = tmp_path / "root"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", runtime.JIT_CACHE_ENV: str(root),
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", jit_cache.JIT_CACHE_ENV: str(root),
            "PYTHONPATH": os.pathsep.join([str(src), str(ROOT)])}
-    for var in runtime.JIT_CACHE_LAYOUT:
+    for var in jit_cache.JIT_CACHE_LAYOUT:
         env.pop(var, None)
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     cached = sorted(p.name.split(".")[0] for p in (root / "pycache").rglob("*.pyc"))
@@ -178,21 +183,21 @@ def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, 
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("X = 1\n")
     code = ("import os, runpy, sys\n"
-            "from harness import runtime\n"
-            "runtime.PRECOMPILE_PACKAGES, runtime.PRECOMPILE_MIN_CPUS = ('stand_in_pkg',), 1\n"
+            "from harness.ci_speed import jit_cache\n"
+            "jit_cache.PRECOMPILE_PACKAGES, jit_cache.PRECOMPILE_MIN_CPUS = ('stand_in_pkg',), 1\n"
             "class Stop:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'torch':\n"
-            "            pre = os.path.join(sys.pycache_prefix or '', runtime.PRECOMPILED)\n"
+            "            pre = os.path.join(sys.pycache_prefix or '', jit_cache.PRECOMPILED)\n"
             "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, os.path.exists(pre), flush=True)\n"
             "            os._exit(0)\n"
             "sys.meta_path.insert(0, Stop())\n"
             f"sys.argv = [{module!r}, *{argv!r}]\n"
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
     root = tmp_path / "root"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", runtime.JIT_CACHE_ENV: str(root),
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", jit_cache.JIT_CACHE_ENV: str(root),
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path / "src")])}
-    for var in runtime.JIT_CACHE_LAYOUT:
+    for var in jit_cache.JIT_CACHE_LAYOUT:
         env.pop(var, None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     precompiled = module == "harness"  # the python -m harness.production.* shims leave it to their callers
@@ -210,17 +215,17 @@ def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
     (pkg / "broken.py").write_text("def (:\n")  # left to the import that needs it
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     monkeypatch.setattr(sys, "pycache_prefix", None)
-    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # no layer
+    assert jit_cache.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # no layer
     layer = tmp_path / "layer"
     monkeypatch.setattr(sys, "pycache_prefix", str(layer))
-    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=10 ** 6) == []  # too few cores
-    assert runtime.precompile_bytecode(("stand_in_pkg", "no_such_pkg_hyv4"), min_cpus=1) == [str(pkg)]
+    assert jit_cache.precompile_bytecode(("stand_in_pkg",), min_cpus=10 ** 6) == []  # too few cores
+    assert jit_cache.precompile_bytecode(("stand_in_pkg", "no_such_pkg_hyv4"), min_cpus=1) == [str(pkg)]
     compiled = sorted(p.name.split(".")[0] for p in (layer / str(pkg).lstrip(os.sep)).rglob("*.pyc"))
     assert compiled == ["__init__", "__init__", "a", "b"] and not any(pkg.rglob("*.pyc"))
-    assert json.loads((layer / runtime.PRECOMPILED).read_text()) == {str(pkg): sys.version}
-    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # done before
-    (layer / runtime.PRECOMPILED).write_text(json.dumps({str(pkg): "another Python"}))
-    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
+    assert json.loads((layer / jit_cache.PRECOMPILED).read_text()) == {str(pkg): sys.version}
+    assert jit_cache.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []  # done before
+    (layer / jit_cache.PRECOMPILED).write_text(json.dumps({str(pkg): "another Python"}))
+    assert jit_cache.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
     # Python 3.12 gives Path search locations for a pathlib.Path on sys.path (3.11 ignores such an
     # entry): the marker still records strings (an H200 tier run failed on json.dump of a PosixPath)
     import importlib.machinery
@@ -228,20 +233,20 @@ def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
     spec = importlib.machinery.ModuleSpec("stand_in_pkg", None, is_package=True)
     spec.submodule_search_locations = [pkg]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "stand_in_pkg" else None)
-    (layer / runtime.PRECOMPILED).unlink()
-    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
-    assert json.loads((layer / runtime.PRECOMPILED).read_text()) == {str(pkg): sys.version}
+    (layer / jit_cache.PRECOMPILED).unlink()
+    assert jit_cache.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
+    assert json.loads((layer / jit_cache.PRECOMPILED).read_text()) == {str(pkg): sys.version}
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("")
     monkeypatch.setattr(sys, "pycache_prefix", str(blocked / "pycache"))  # a layer that cannot be written
-    assert runtime.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []
+    assert jit_cache.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == []
 
 
 def test_pack_holds_the_layout_and_restores(tmp_path):
-    from harness.warmup import pack
+    from harness.ci_speed.warmup import pack
 
     root = tmp_path / "cache"
-    for i, sub in enumerate(runtime.JIT_CACHE_LAYOUT.values()):
+    for i, sub in enumerate(jit_cache.JIT_CACHE_LAYOUT.values()):
         (root / sub / "k").mkdir(parents=True)
         (root / sub / "k" / "kernel.so").write_bytes(bytes([i]) * 100)
     (root / "unrelated").mkdir()
@@ -251,11 +256,11 @@ def test_pack_holds_the_layout_and_restores(tmp_path):
     with tarfile.open(dest) as tar:
         names = {n for n in tar.getnames() if n.endswith("kernel.so")}
         tar.extractall(tmp_path / "restored", filter="data")
-    from harness.warmup import NOT_PACKED
+    from harness.ci_speed.warmup import NOT_PACKED
 
-    packed = {var: sub for var, sub in runtime.JIT_CACHE_LAYOUT.items() if var not in NOT_PACKED}
+    packed = {var: sub for var, sub in jit_cache.JIT_CACHE_LAYOUT.items() if var not in NOT_PACKED}
     assert names == {f"{sub}/k/kernel.so" for sub in packed.values()}  # bytecode stays on its host
-    for i, (var, sub) in enumerate(runtime.JIT_CACHE_LAYOUT.items()):
+    for i, (var, sub) in enumerate(jit_cache.JIT_CACHE_LAYOUT.items()):
         if var in packed:
             assert (tmp_path / "restored" / sub / "k" / "kernel.so").read_bytes() == bytes([i]) * 100
     assert not (tmp_path / "restored" / "pycache").exists()
@@ -305,7 +310,7 @@ def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
     import dataclasses
 
     from harness.production.cases import GPU_CASES
-    from harness.warmup import STAMP, cold_steps, fingerprint, read_stamp, write_stamp
+    from harness.ci_speed.warmup import STAMP, cold_steps, fingerprint, read_stamp, write_stamp
 
     a, b = GPU_CASES["tiny-k1"], GPU_CASES["tiny-k3-share"]
     wanted = {"tiny-k1": fingerprint(a), "tiny-k3-share": fingerprint(b)}
@@ -331,7 +336,7 @@ def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
     the other bf16 cases (their cold costs in that order) spread over the lanes; every wanted
     step lands in exactly one place."""
     from harness.production.cases import GPU_CASES
-    from harness.warmup import DEFAULT_ENGINE_CASE, plan_lanes
+    from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE, plan_lanes
 
     cases = list(GPU_CASES)
     lead, lanes = plan_lanes(cases, DEFAULT_ENGINE_CASE, 4)
@@ -365,11 +370,11 @@ def failed_lanes_beside_a_slow_prefetch():
     ``python -m harness warmup`` process importing torch: ~4.5 s of CPU): the engine-only lane
     and an FP8 case's lane, both exiting 125 here, beside a prefetch that would sleep 120 s
     -> (the CannotJudge raised, or None, and the seconds run_lanes took)."""
-    if runtime.cannot_run_production_reason() is None:
+    if can_run.cannot_run_production_reason() is None:
         pytest.skip("a GPU with vLLM is present: the lanes would warm")
     import time
 
-    from harness import warmup
+    from harness.ci_speed import warmup
     from harness.exitcodes import CannotJudge
 
     lanes = [{"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
@@ -388,7 +393,7 @@ def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named(failed_lanes_
     """The lane commands are ``python -m harness warmup`` with flags it accepts: here (no CUDA)
     every lane exits 125 and the first is named with its steps and its last line."""
     from harness.exitcodes import CannotJudge
-    from harness.warmup import DEFAULT_ENGINE_CASE
+    from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE
 
     raised, _ = failed_lanes_beside_a_slow_prefetch
     assert isinstance(raised, CannotJudge), raised
@@ -397,7 +402,7 @@ def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named(failed_lanes_
 
 def test_prefetch_is_planned_only_for_the_cases_that_need_it():
     from harness.production.cases import GPU_CASES
-    from harness.warmup import PREFETCH, plan_prefetch
+    from harness.ci_speed.warmup import PREFETCH, plan_prefetch
 
     fp8 = [c for c in GPU_CASES if GPU_CASES[c].quant != "bf16"]
     assert fp8 and plan_prefetch(fp8) == ["flashinfer-fp8-blockscale-gemm-sm90"]
@@ -411,11 +416,11 @@ def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch
     """The real prefetch program runs (here, without an SM90 GPU, it builds nothing and says
     so); a prefetch that crashes is recorded with its exit code and last line, not raised:
     the lane that needs the kernel builds it itself."""
-    from harness import warmup
+    from harness.ci_speed import warmup
 
     steps = warmup.run_lanes(None, [], prefetch=list(warmup.PREFETCH))
     assert [s["name"] for s in steps] == list(warmup.PREFETCH)
-    if runtime.cannot_run_production_reason() is not None:
+    if can_run.cannot_run_production_reason() is not None:
         assert all("error" not in s and "nothing built" in s["last_line"] for s in steps), steps
     monkeypatch.setitem(warmup.PREFETCH, "broken", (lambda cases, engine: True, "raise SystemExit('no such kernel')"))
     (st,) = warmup.run_lanes(None, [], prefetch=["broken"])
@@ -424,7 +429,7 @@ def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch
 
 def test_a_failed_lane_stops_the_prefetches(failed_lanes_beside_a_slow_prefetch):
     from harness.exitcodes import CannotJudge
-    from harness.warmup import DEFAULT_ENGINE_CASE
+    from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE
 
     raised, seconds = failed_lanes_beside_a_slow_prefetch
     assert isinstance(raised, CannotJudge), raised
@@ -432,14 +437,14 @@ def test_a_failed_lane_stops_the_prefetches(failed_lanes_beside_a_slow_prefetch)
     assert seconds < 60  # the 120 s prefetch killed, not waited for
 
 
-@pytest.mark.parametrize("name", sorted(__import__("harness.warmup", fromlist=["PREFETCH"]).PREFETCH))
+@pytest.mark.parametrize("name", sorted(__import__("harness.ci_speed.warmup", fromlist=["PREFETCH"]).PREFETCH))
 def test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold(name, gc_paused):
     """Every ``from M import F`` of a prefetch program resolves in the installed packages (a
     rename upstream fails here, not as a silent prefetch error on a GPU host)."""
     import ast
     import importlib
 
-    from harness.warmup import PREFETCH
+    from harness.ci_speed.warmup import PREFETCH
 
     code = PREFETCH[name][1]
     imports = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.ImportFrom)]
@@ -453,7 +458,7 @@ def test_each_prefetch_names_what_the_installed_vllm_and_flashinfer_hold(name, g
 
 def _stand_in_vllm(tmp_path, monkeypatch):
     """A package laid out as vllm/models/hy_v4 (what the model-info marker is keyed by)."""
-    from harness import model_info
+    from harness.ci_speed import model_info_prefetch as model_info
 
     pkg = tmp_path / "src" / "stand_in_vllm"
     (pkg / "models" / "hy_v4" / "nvidia").mkdir(parents=True)
@@ -467,14 +472,14 @@ def _stand_in_vllm(tmp_path, monkeypatch):
 
 def test_model_info_prefetch_is_wanted_only_where_vllm_is_built(monkeypatch):
     """Started for the commands that build a VllmConfig, on a host with a GPU, unless switched off."""
-    from harness import model_info, runtime
+    from harness.ci_speed import model_info_prefetch as model_info
     from harness.cli import build_parser
 
     def wanted(*argv):
         return model_info.wanted(build_parser().parse_args(list(argv)))
 
     monkeypatch.delenv(model_info.OFF_ENV, raising=False)
-    monkeypatch.setattr(runtime, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(can_run, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
     assert wanted("main") and wanted("--debug", "compare", "preset:tiny")
     assert wanted("bisect-check") and wanted("warmup", "--if-cold")
     assert wanted("warmup", "--lanes", "1")
@@ -484,14 +489,14 @@ def test_model_info_prefetch_is_wanted_only_where_vllm_is_built(monkeypatch):
     monkeypatch.setenv(model_info.OFF_ENV, "0")
     assert not wanted("main")
     monkeypatch.delenv(model_info.OFF_ENV)
-    monkeypatch.setattr(runtime, "gpu_device_nodes", lambda: [])
+    monkeypatch.setattr(can_run, "gpu_device_nodes", lambda: [])
     assert not wanted("main")
 
 
 def test_model_info_marker_is_keyed_by_the_model_files_and_cache_root(tmp_path, monkeypatch):
     """Once done for a tree and cache root it is not started again; an edited model file or
     another cache root starts it again; no such package, nothing to start."""
-    from harness import model_info
+    from harness.ci_speed import model_info_prefetch as model_info
 
     hy = _stand_in_vllm(tmp_path, monkeypatch)
     key = model_info.tree_key()
@@ -518,16 +523,18 @@ def test_model_info_wait_never_blocks_a_run_on_a_failed_or_hung_prefetch(tmp_pat
                                                                         child, wait_s, how):
     """A background inspection that fails or hangs: ``wait`` returns (killing a hung one and
     what it started), says so in one line, and writes no marker; vLLM then inspects itself."""
-    from harness import model_info
+    from harness.ci_speed import model_info_prefetch as model_info
+    from harness.production import run_hooks
 
     _stand_in_vllm(tmp_path, monkeypatch)
     monkeypatch.setattr(model_info, "_command", lambda key: [sys.executable, "-c", child])
     monkeypatch.setattr(model_info, "WAIT_S", wait_s)
     monkeypatch.setattr(model_info, "_proc", None)
+    monkeypatch.setattr(run_hooks, "_hooks", {point: [] for point in run_hooks.POINTS})
     assert model_info.start() is True
     proc = model_info._proc
     assert model_info.start() is False  # one at a time
-    model_info.wait()
+    run_hooks.fire("before_vllm_config")  # as build_vllm_config does: wait() joins it
     assert proc.poll() is not None and model_info._proc is None
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and how in err and "vLLM inspects as usual" in err
@@ -539,7 +546,7 @@ def test_model_info_wait_never_blocks_a_run_on_a_failed_or_hung_prefetch(tmp_pat
 def test_an_engine_lane_beside_other_lanes_gets_a_fixed_kv_size(tmp_path, monkeypatch):
     """vLLM's memory profiling fails when another lane frees GPU memory meanwhile: an engine lane
     that shares its wave gets ``HYV4_ENGINE_KV_CACHE_GIB`` (unless set); alone, it profiles."""
-    from harness import warmup
+    from harness.ci_speed import warmup
     from harness.production.engine.cases import ENGINE_KV_GIB_ENV, SHARED_GPU_KV_GIB
 
     monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)

@@ -1,5 +1,6 @@
-"""The CPU tier's default xdist workers (root conftest.py): when it turns on, and that
-`-n 0`, `-p no:xdist` and HYV4_PYTEST_WORKERS=0 keep a run serial."""
+"""The CPU tier's default xdist workers (``harness.ci_speed.pytest_plugin``, which the root
+conftest.py registers): when it turns on, and that `-n 0`, `-p no:xdist` and
+HYV4_PYTEST_WORKERS=0 keep a run serial."""
 
 from __future__ import annotations
 
@@ -13,17 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.ci_speed import pytest_plugin as C
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _root_conftest():
-    spec = importlib.util.spec_from_file_location("hyv4_root_conftest", ROOT / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-C = _root_conftest()
 
 
 def _config(args=("tests",), auto=2, **option):
@@ -100,9 +93,9 @@ def test_workers_and_no_xdist_end_to_end(tmp_path):
     """A real pytest on two tiny files with the project's conftest: workers, and `-p no:xdist` still runs serially (`-n 0`: the unit tests above;
     each run here costs ~3 s of CPU per process, so only these two). The same runs check, with real xdist
     processes, that each worker learns the controller's dist mode (``pytest_configure_node``: xdist says
-    "no" on the worker itself) and that ``$HYV4_TIMELINE`` records each process (``harness.timeline``):
+    "no" on the worker itself) and that ``$HYV4_TIMELINE`` records each process (``pytest_timeline``):
     the tests in the processes that ran them, none in the xdist controller."""
-    from harness import timeline
+    from harness.ci_speed import pytest_timeline as timeline
 
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     for i in (1, 2):
@@ -132,7 +125,7 @@ def test_workers_and_no_xdist_end_to_end(tmp_path):
 
 
 def test_the_gc_and_malloc_tuning_stays_off_a_gpu_host(monkeypatch):
-    """The root conftest's CPU-tier speed-ups (the cyclic GC paused while collecting, then frozen;
+    """The speed plugin's CPU-tier speed-ups (the cyclic GC paused while collecting, then frozen;
     glibc serving large blocks from its heap) apply on a host without a GPU device, and a GPU host's
     test processes keep the defaults (a frozen cycle holding CUDA memory would never be freed)."""
     import gc

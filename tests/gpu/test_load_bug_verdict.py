@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.runtime import cannot_run_production_reason
+from harness.production.can_run import cannot_run_production_reason
 
 _REASON = cannot_run_production_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=f"production cannot run: {_REASON}")]

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from harness import mutants as M
-from harness.runtime import cannot_run_production_reason
+from harness.production.can_run import cannot_run_production_reason
 
 _REASON = cannot_run_production_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=f"production cannot run: {_REASON}")]

@@ -4,15 +4,16 @@
 import os
 import sys
 
-from harness.runtime import apply_jit_cache, defer_gc
+from harness.ci_speed.jit_cache import apply_jit_cache
+from harness.ci_speed.startup_gc import defer_gc
 
 apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported (as `python -m harness`)
-defer_gc()  # until vLLM is imported (session.build_llm ends it, before the engine is built)
+defer_gc()  # until vLLM is imported (session.build_llm's vllm_imported point, before the engine is built)
 from harness.commands.engine import main  # noqa: E402 - torch and vLLM only once the arguments are checked
 
 if __name__ == "__main__":
     code = main()
-    from harness.runtime import remove_process_temp_dir
+    from harness.production.process_temp import remove_process_temp_dir
     remove_process_temp_dir()  # the vLLM model directories (os._exit skips the exit hook that would)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -113,9 +113,9 @@ def build_llm(hf_config: dict, case: EngineCase, *, log=print):
     from vllm import LLM
 
     from harness.production.module.vllm_config import write_model_dir
-    from harness.runtime import end_gc_deferral
+    from harness.production import run_hooks
 
-    end_gc_deferral()  # `python -m harness.production.engine` paused it for its imports
+    run_hooks.fire("vllm_imported")  # e.g. the GC pause of `python -m harness.production.engine` ends
     kw = engine_kwargs(write_model_dir(hf_config), case)
     try:
         llm = LLM(**kw)

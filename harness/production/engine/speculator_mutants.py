@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
     ap.add_argument("--report", default=None, metavar="R.json")
     args = ap.parse_args(argv)
-    from harness.runtime import cannot_run_engine_reason
+    from harness.production.can_run import cannot_run_engine_reason
 
     reason = cannot_run_engine_reason()
     if reason:

@@ -401,7 +401,7 @@ def _command(args) -> int:
     from harness.ci_env import ci_is_set
     from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, worst
     from harness.production.cases import GPU_CASES
-    from harness.runtime import cannot_run_production_reason
+    from harness.production.can_run import cannot_run_production_reason
 
     root = Path(args.root)
     ids = args.case or list(GOLDEN_CASES)

@@ -23,7 +23,7 @@ import torch
 from . import audit, build, capture, kv
 from .checkpoint_cast import cast_for_vllm
 from .vllm_config import build_vllm_config
-from ...runtime import end_gc_deferral
+from .. import run_hooks
 
 _SESSIONS: dict[str, "ProductionSession"] = {}
 
@@ -70,7 +70,7 @@ class ProductionSession:
             max_num_seqs=max_num_seqs, extra_engine_args=extra)
         build.init_distributed(self.vllm_config, self.device, world_size=int(tensor_parallel_size),
                                rank=int(rank), init_method=init_method)
-        end_gc_deferral()  # vLLM is imported; the model is not frozen with it (a later run frees it)
+        run_hooks.fire("vllm_imported")  # e.g. the start-up GC pause ends: the model is built after it
         self.model = build.build_model(self.vllm_config, self.device)
         self.block_size = self.vllm_config.cache_config.block_size
         self.index_topk = self.hf_config.get("index_topk")

@@ -264,7 +264,7 @@ def main(argv=None) -> int:
         code, _ = rejudge(args.rejudge, args.out, ids or None)
         return code
     out = args.out or os.environ.get("OUT", "out")
-    from harness.runtime import cannot_run_production_reason
+    from harness.production.can_run import cannot_run_production_reason
     reason = cannot_run_production_reason()
     if reason:
         print(f"cannot judge: {reason}")

@@ -17,9 +17,9 @@ BLOCK_SIZE = 64  # FlashMLA sparse pages
 
 def write_model_dir(hf_config: dict, root: str | None = None) -> str:
     """A directory holding only ``config.json`` (no tokenizer: skip_tokenizer_init); by default
-    under this process's temp folder (``harness.runtime.process_temp_dir``), which goes when
+    under this process's temp folder (``harness.production.process_temp.process_temp_dir``), which goes when
     the process ends: vLLM (and an engine's core process) reads it while the engine lives."""
-    from harness.runtime import process_temp_dir
+    from harness.production.process_temp import process_temp_dir
 
     path = tempfile.mkdtemp(prefix="model-", dir=root or process_temp_dir())
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -40,8 +40,8 @@ def build_vllm_config(hf_config: dict, *, num_speculative_tokens: int = 1,
     """
     from vllm.engine.arg_utils import EngineArgs
 
-    from ...model_info import wait as wait_model_info
-    wait_model_info()  # a background inspection still running (cold host): vLLM reads what it caches
+    from .. import run_hooks
+    run_hooks.fire("before_vllm_config")  # e.g. a background model-class inspection is joined here
     model_dir = write_model_dir(hf_config)
     kwargs = dict(
         model=model_dir,

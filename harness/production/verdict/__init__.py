@@ -7,7 +7,7 @@ the FP8 production path the FP8 tolerances come from.
     judge.py          ``judge``: replay -> skip unused top-k -> derive -> mask routing ties -> compare -> report
     fp8_emulation.py  the FP8 production numerics on CPU; ``python -m harness.production.verdict.fp8_emulation``
 
-May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``runtime``,
-``checkpoint``, ``presets``) and ``harness.production.cases``; never vLLM, never another
-``harness.production`` sub-package.
+May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``checkpoint``,
+``presets``), ``harness.production.cases`` and ``harness.production.can_run`` (where the reference
+replays); never vLLM, never another ``harness.production`` sub-package.
 """

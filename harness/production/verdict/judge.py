@@ -1,8 +1,8 @@
 """The side-by-side verdict: a production trace of a case against the reference replayed on its
 inputs, in named steps (``judge``). CPU, no vLLM.
 
-May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``runtime``, ``verdict``),
-``harness.production.cases`` and the rest of ``harness.production.verdict``.
+May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``verdict``),
+``harness.production.cases``, ``harness.production.can_run`` and the rest of ``harness.production.verdict``.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def replay_reference(case: GpuCase, hf: dict, cfg: R.MTPConfig, weights: dict, p
     from harness import regimes
     from harness.production.verdict.fp8_emulation import production_numerics
     from harness.production.verdict.replay import replay
-    from harness.runtime import reference_device
+    from harness.production.can_run import reference_device
 
     t1 = time.perf_counter()
     dev = reference_device()

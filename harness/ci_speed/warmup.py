@@ -12,7 +12,7 @@ no verdict) of every module-level side-by-side case, which covers every shape th
 GPU tier's module-level cases use, and builds one engine and generates with it.
 
 The caches land where each library keeps them, or under one root with ``--cache DIR``
-/ ``$HYV4_JIT_CACHE`` (``harness.runtime.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
+/ ``$HYV4_JIT_CACHE`` (``harness.ci_speed.jit_cache.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
 DeepGEMM, inductor, the driver's PTX cache). ``--pack`` writes that root as a tarball
 for the next host: ``tar -xzf FILE -C DIR && export HYV4_JIT_CACHE=DIR``.
 Each warmed step is stamped in the root (``hyv4-warm.json``: the versions of torch,
@@ -51,9 +51,11 @@ import tarfile
 import tempfile
 import time
 
-from .exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
-from . import runtime  # cannot_run_production_reason looked up at call time (tests patch it)
-from .runtime import BYTECODE_VAR, GPU_DEVICE_GLOB, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
+from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
+from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
+from ..production.can_run import GPU_DEVICE_GLOB
+from . import jit_cache
+from .jit_cache import BYTECODE_VAR, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
 
 MAX_LANES = 64  # parallel compile processes
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
@@ -78,8 +80,8 @@ def add_arguments(p) -> None:
 
 def check_arguments(args) -> None:
     """Bad flags exit 2 before anything is imported or compiled."""
-    from .production.cases import GPU_CASES
-    from .production.engine.cases import ENGINE_CASES
+    from ..production.cases import GPU_CASES
+    from ..production.engine.cases import ENGINE_CASES
 
     for cid in args.case or ():
         if cid not in GPU_CASES:
@@ -93,7 +95,7 @@ def check_arguments(args) -> None:
     for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
         if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
             raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
-    from . import input_checks as check
+    from .. import input_checks as check
 
     check.integer("--lanes", args.lanes, 1, MAX_LANES)
     if args.cache is not None:
@@ -150,7 +152,7 @@ def cold_steps(wanted: dict, stamp: dict, versions: dict) -> dict:
 
 def write_stamp(root: str, versions: dict, warmed: dict) -> None:
     """Add ``warmed`` ({name: fingerprint}) to the root's stamp (a stamp of other versions is replaced)."""
-    from .atomic import atomic_write_json
+    from ..atomic import atomic_write_json
 
     import fcntl
 
@@ -168,7 +170,7 @@ def plan_lanes(cases: list[str], engine: str | None, lanes: int) -> tuple[str | 
     real dims, the other bf16 cases, in that order of their cold cost -- goes to lane
     i mod ``lanes``. A lane is {"cases": [...], "engine": ID or None}; a family that is
     not wanted leaves no lane."""
-    from .production.cases import GPU_CASES
+    from ..production.cases import GPU_CASES
 
     bf16 = [c for c in cases if GPU_CASES[c].quant == "bf16" and GPU_CASES[c].preset != "real-dims"]
     lead = bf16[0] if bf16 and len(cases) + (engine is not None) > 1 else None
@@ -248,7 +250,7 @@ PREFETCH = {
 
 def plan_prefetch(cases: list[str], engine: bool = False) -> list[str]:
     """The ``PREFETCH`` kernels the steps to warm (module-level ``cases``, an ``engine``) may need."""
-    from .production.cases import GPU_CASES
+    from ..production.cases import GPU_CASES
 
     gpu_cases = [GPU_CASES[c] for c in cases]
     return [name for name, (needed, _) in PREFETCH.items() if needed(gpu_cases, engine)]
@@ -316,7 +318,7 @@ def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str
 
 def _run_waves(jobs: list[list[dict]], tmp: str, steps: list, log) -> None:
     """Each wave's lanes at once, one ``python -m harness warmup`` process each; their steps to ``steps``."""
-    from .production.engine.cases import engine_env
+    from ..production.engine.cases import engine_env
     n = 0
     for wave in jobs:
         running = []
@@ -349,17 +351,17 @@ def run(args, log=print) -> dict:
     """Warm every step (with ``--if-cold`` only those the stamp lacks); the report (per-step
     seconds, the steps skipped as warm, cache root and size)."""
     set_vars = apply_jit_cache(args.cache)
-    runtime.precompile_bytecode()  # --cache DIR: its bytecode layer (cli.main did $HYV4_JIT_CACHE's)
+    jit_cache.precompile_bytecode()  # --cache DIR: its bytecode layer (cli.main did $HYV4_JIT_CACHE's)
     root = os.environ.get(JIT_CACHE_ENV)
-    reason = runtime.cannot_run_production_reason()
+    reason = can_run.cannot_run_production_reason()
     if reason:
         raise CannotJudge(f"warmup: {reason}")
     import torch
 
-    from .production.cases import GPU_CASES
-    from .production.engine.cases import ENGINE_CASES
-    from .production.engine.judge import run_case as run_engine_case
-    from .production.module.side_by_side import run_production_side, versions
+    from ..production.cases import GPU_CASES
+    from ..production.engine.cases import ENGINE_CASES
+    from ..production.engine.judge import run_case as run_engine_case
+    from ..production.module.side_by_side import run_production_side, versions
 
     cases = [] if getattr(args, "engine_only", False) else args.case or list(GPU_CASES)
     wanted = {cid: fingerprint(GPU_CASES[cid]) for cid in cases}
@@ -416,7 +418,7 @@ NOT_PACKED = {BYTECODE_VAR, PACKAGE_MAP_VAR}
 
 def pack(root: str, dest: str) -> int:
     """Tar ``root`` (its layout, ``jit_cache_env``, less ``NOT_PACKED``) to ``dest`` atomically; bytes written."""
-    from .atomic import atomic_write
+    from ..atomic import atomic_write
 
     def write(tmp: str) -> None:
         with tarfile.open(tmp, "w:gz") as tar:
@@ -439,7 +441,7 @@ def cmd_warmup(args) -> int:
         rep["pack_bytes"] = pack(rep["cache_root"], args.pack)
         line += f"; packed {args.pack} ({rep['pack_bytes'] / 2**20:.0f} MiB)"
     if args.report:
-        from .atomic import atomic_write_json
+        from ..atomic import atomic_write_json
 
         atomic_write_json(args.report, rep)
     print(line, flush=True)

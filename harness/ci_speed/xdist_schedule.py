@@ -1,4 +1,4 @@
-"""Which GPU test each xdist worker starts with: spread the long ones (issue 13).
+"""Which GPU test each xdist worker starts with: spread the long ones.
 
 pytest-xdist's ``worksteal`` gives worker i the i-th contiguous slice of the collection at the
 start, and an idle worker later steals the TAIL half of the longest queue. In collection order
@@ -79,19 +79,19 @@ def junit_durations(junit_xml: str) -> dict[str, float]:
 
 def record(junit_xml: str, dest: str, source: str) -> None:
     """Write ``dest`` (``durations.json``) from a measured run's JUnit; ``source`` says which run."""
-    from .atomic import atomic_write_json
+    from ..atomic import atomic_write_json
 
     atomic_write_json(dest, {"source": source, "seconds": dict(sorted(junit_durations(junit_xml).items()))},
                       indent=1)
 
 
-USAGE = "usage: python -m harness.schedule JUNIT.xml DEST.json 'which run (host, commit)'"
+USAGE = "usage: python -m harness.ci_speed.xdist_schedule JUNIT.xml DEST.json 'which run (host, commit)'"
 
 
 def _main(argv: list[str]) -> int:
-    from .atomic import write_errors, write_failure
-    from .exitcodes import CLIError
-    from .input_checks import input_file, not_an_input, output_file
+    from ..atomic import write_errors, write_failure
+    from ..exitcodes import CLIError
+    from ..input_checks import input_file, not_an_input, output_file
 
     if len(argv) != 3:
         raise CLIError(f"{USAGE} (got {len(argv)} argument(s))")
@@ -105,7 +105,7 @@ def _main(argv: list[str]) -> int:
         raise CLIError(f"{junit}: not a pytest JUnit file ({exc.__class__.__name__}: {exc})") from exc
     except OSError as exc:
         raise CLIError(f"{junit}: cannot read it: {exc.strerror or exc}") from exc
-    from .atomic import atomic_write_json
+    from ..atomic import atomic_write_json
 
     try:
         atomic_write_json(dest, {"source": source, "seconds": dict(sorted(durations.items()))}, indent=1)
@@ -118,13 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     """Exit codes are ``harness.exitcodes``'s: 0 written, 2 bad input (one line), 125 a full disk."""
     import sys
 
-    from .exitcodes import run_guarded
+    from ..exitcodes import run_guarded
 
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_guarded(_main, [a for a in argv if a != "--debug"], debug="--debug" in argv)
 
 
-if __name__ == "__main__":  # python -m harness.schedule JUNIT.xml DEST.json "which run"
+if __name__ == "__main__":  # python -m harness.ci_speed.xdist_schedule JUNIT.xml DEST.json "which run"
     import sys
 
     sys.exit(main())

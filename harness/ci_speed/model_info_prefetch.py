@@ -8,7 +8,8 @@ torch and vLLM again, one after the other, on the critical path: a cold ``harnes
 cached them. ``start`` has vLLM run those same inspections (its
 ``ModelRegistry._try_inspect_model_cls``, without the subprocess hop: ``_inspect``) in a
 background process while this one imports and builds its inputs; ``wait`` joins it before the
-config is built, so vLLM then reads what it cached instead of inspecting again.
+config is built (``start`` registers it at the production path's ``before_vllm_config`` point,
+``harness.production.run_hooks``), so vLLM then reads what it cached instead of inspecting again.
 
 An optimisation only: it decides nothing. Failing, absent (no GPU, a vLLM without that
 method) or late (``wait`` gives up after ``WAIT_S``), vLLM inspects exactly as it always did.
@@ -82,7 +83,7 @@ def wanted(args) -> bool:
     """Whether a parsed ``python -m harness`` command should start it: one that builds a
     VllmConfig itself (not a warmup with lanes: each lane is a ``harness warmup`` process of its
     own), on a host with an NVIDIA GPU (elsewhere vLLM is never built), not switched off."""
-    from .runtime import gpu_device_nodes
+    from ..production.can_run import gpu_device_nodes
 
     return (getattr(args, "command", None) in COMMANDS and (getattr(args, "lanes", None) or 1) <= 1
             and os.environ.get(OFF_ENV, "1") != "0" and bool(gpu_device_nodes()))
@@ -108,6 +109,9 @@ def start() -> bool:
         _proc = None
         return False
     atexit.register(stop)
+    from ..production import run_hooks
+
+    run_hooks.register("before_vllm_config", wait)  # joined before vLLM would inspect on its own
     return True
 
 
@@ -178,7 +182,7 @@ def _inspect(key: str) -> int:
     inspect_in_this_process()
     if any(inspect(arch) is None for arch in ARCHS):
         return 4
-    from .atomic import atomic_write_json
+    from ..atomic import atomic_write_json
 
     atomic_write_json(_marker_path(), {"key": key, "archs": list(ARCHS)})
     return 0
@@ -187,8 +191,8 @@ def _inspect(key: str) -> int:
 if __name__ == "__main__":
     import gc
 
-    from harness.runtime import apply_jit_cache
+    from harness.ci_speed.jit_cache import apply_jit_cache
 
-    gc.disable()  # a throwaway process that only imports and inspects (harness.runtime.defer_gc)
+    gc.disable()  # a throwaway process that only imports and inspects (harness.ci_speed.startup_gc.defer_gc)
     apply_jit_cache()  # the parent's root is in the environment: this adds the package-map layer
     sys.exit(_inspect(sys.argv[1]))

@@ -1,169 +1,8 @@
-"""Can the production path run here? One reason string, or None."""
+"""One cache root for every JIT layer of the GPU stack (``$HYV4_JIT_CACHE``), Python's bytecode
+and the installed-package map among them, applied before vLLM is imported; and the bytecode of the
+big packages compiled all at once on a cold many-core host."""
 
 from __future__ import annotations
-
-
-def cannot_run_production_reason() -> str | None:
-    if not gpu_device_nodes():  # said without importing torch (~2 s); CUDA needs an NVIDIA device node
-        return "no CUDA device"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) < (9, 0):
-        return f"GPU capability {major}.{minor}: FlashMLA sparse and DeepGEMM need SM90+"
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"vLLM does not import: {exc.__class__.__name__}: {exc}"
-    # the internals the production path reaches (one adapter for every release), then the
-    # optional kernels a normal install of this vLLM would run
-    from .production import kernel_paths, vllm_compat
-    from .production.engine import hook_points
-    gone = vllm_compat.cannot_judge_reason()
-    if gone:
-        return gone
-    drift = hook_points.problems(points=hook_points.MODULE_PATH_POINTS)
-    if drift:
-        return f"vLLM {vllm_compat.vllm_version()}: hook point {drift[0]}"
-    return kernel_paths.cannot_judge_reason()
-
-
-def cannot_run_engine_reason() -> str | None:
-    """``cannot_run_production_reason``, then what the engine path and the speculator mutants
-    need besides: the speculator internals and every hook point (``engine/hook_points.py``)."""
-    reason = cannot_run_production_reason()
-    if reason:
-        return reason
-    from .production import vllm_compat
-    from .production.engine import hook_points
-    gone = vllm_compat.cannot_judge_reason(vllm_compat.REQUIRED)
-    if gone:
-        return gone
-    drift = hook_points.problems()
-    return f"vLLM {vllm_compat.vllm_version()}: hook point {drift[0]}" if drift else None
-
-
-GPU_DEVICE_GLOB = "/dev/nvidia[0-9]*"
-
-
-def gpu_device_nodes() -> list[str]:
-    """The host's NVIDIA GPU device nodes (``/dev/nvidia0`` ...), without importing torch or
-    initialising CUDA: what the pytest conftests decide on (workers, per-process tuning)."""
-    import glob
-
-    return sorted(glob.glob(GPU_DEVICE_GLOB))
-
-
-def reference_device() -> str:
-    """Where the float64 reference replays production: the GPU when one is present (the
-    side by side's replay at real dims takes tens of seconds on a host CPU, well under a
-    second on an H200), unless ``HYV4_REFERENCE_DEVICE`` says otherwise (``cpu``/``cuda``)."""
-    import os
-
-    want = os.environ.get("HYV4_REFERENCE_DEVICE", "").strip().lower()
-    if want in ("cpu", "cuda"):
-        return want
-    try:
-        import torch
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
-
-
-PROCESS_TEMP_PREFIX = "hyv4-mtp-"  # + this process's pid: the vLLM model directories it writes
-_process_temp: list[tuple[int, str]] = []  # (the pid that made it, its path)
-
-
-def process_temp_dir() -> str:
-    """This process's folder under the system temp directory (``hyv4-mtp-<pid>``): vLLM reads its
-    model directories (a config.json each) from it for as long as an engine lives. Removed when the
-    process ends (``remove_process_temp_dir``: at exit, and by the entry points that skip exit
-    hooks); a folder of a process that is gone (killed) is removed the next time one is made."""
-    import atexit
-    import os
-    import re
-    import shutil
-    import tempfile
-
-    if _process_temp and _process_temp[0][0] == os.getpid():
-        return _process_temp[0][1]
-    _process_temp.clear()  # a forked child makes its own (the parent's is the parent's to remove)
-    base = tempfile.gettempdir()
-    from .atomic import pid_alive
-
-    for entry in os.listdir(base):
-        m = re.fullmatch(re.escape(PROCESS_TEMP_PREFIX) + r"(\d+)", entry)
-        if m and int(m.group(1)) != os.getpid():
-            _remove_if_owner_gone(os.path.join(base, entry), int(m.group(1)), pid_alive)
-    path = os.path.join(base, f"{PROCESS_TEMP_PREFIX}{os.getpid()}")
-    os.makedirs(path, exist_ok=True)
-    _hold_owner_lock(path)
-    _process_temp.append((os.getpid(), path))
-    atexit.register(remove_process_temp_dir)
-    return path
-
-
-OWNER_LOCK = ".owner.lock"
-_owner_locks: list[int] = []  # open descriptors: each folder's lock lives as long as its process
-
-
-def _hold_owner_lock(path: str) -> None:
-    """Hold an exclusive ``flock`` on ``path/.owner.lock`` for this process's lifetime: another
-    process (in another PID namespace sharing this temp directory too) sees the folder as owned."""
-    import fcntl
-    import os
-
-    try:
-        fd = os.open(os.path.join(path, OWNER_LOCK), os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # no lock to be had here: the pid check below still applies to the folder
-        return
-    _owner_locks.append(fd)
-
-
-def _remove_if_owner_gone(path: str, pid: int, pid_alive) -> None:
-    """Remove another process's temp folder when its owner is gone: its owner lock can be taken,
-    or (a folder without one) no process has its pid here."""
-    import fcntl
-    import os
-    import shutil
-
-    lock = os.path.join(path, OWNER_LOCK)
-    try:
-        fd = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:
-        if not pid_alive(pid):
-            shutil.rmtree(path, ignore_errors=True)
-        return
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # held: its owner lives, whatever its pid means in this namespace
-        os.close(fd)
-        return
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    finally:
-        os.close(fd)
-
-
-def remove_process_temp_dir() -> None:
-    """Remove this process's temp folder (``process_temp_dir``); a forked child leaves its parent's."""
-    import os
-    import shutil
-
-    while _process_temp:
-        pid, path = _process_temp.pop()
-        if pid == os.getpid():
-            shutil.rmtree(path, ignore_errors=True)
-            while _owner_locks:
-                os.close(_owner_locks.pop())
-
 
 JIT_CACHE_ENV = "HYV4_JIT_CACHE"
 
@@ -238,40 +77,6 @@ def _write_bytecode_under(prefix: str) -> None:
     sys.dont_write_bytecode = False
 
 
-# The cyclic GC while a process starts: importing torch, transformers and vLLM grows the heap by
-# millions of long-lived objects, and each growth step sets off a full collection that walks all
-# of them and frees next to nothing (on this project's CPU machine: 2.25 s of a 13.9 s `import
-# torch, vllm.engine.arg_utils, vllm.models.hy_v4.nvidia.mtp`, 9 full collections; measured with
-# gc.callbacks). A command pauses it from its start (``defer_gc``) until the imports are done and
-# nothing it builds yet exists (``end_gc_deferral``: gc.freeze() moves what exists out of the GC's
-# walk for good, then the GC resumes). The root conftest does the same for pytest processes.
-_GC_DEFERRED = False
-
-
-def defer_gc() -> None:
-    """Pause the cyclic GC for this process's start-up (reference counting still frees every
-    object not in a cycle); ``end_gc_deferral`` resumes it."""
-    global _GC_DEFERRED
-    import gc
-
-    if gc.isenabled():
-        gc.disable()
-        _GC_DEFERRED = True
-
-
-def end_gc_deferral() -> None:
-    """Start-up is over: freeze what exists (modules, classes, configs) and resume the GC. Call it
-    before building what a run frees later (a model, an engine): a frozen object is never
-    collected. Nothing happens unless ``defer_gc`` paused the GC."""
-    global _GC_DEFERRED
-    if _GC_DEFERRED:
-        import gc
-
-        _GC_DEFERRED = False
-        gc.freeze()
-        gc.enable()
-
-
 # transformers calls ``importlib.metadata.packages_distributions()`` when it is imported. That reads
 # the RECORD of every installed distribution without a top_level.txt and stats each file listed
 # there: 3.05 s of import self time in a warm `harness main` on an H200 host (lease 2026-12-02e,
@@ -326,7 +131,7 @@ def memoize_packages_distributions(directory: str) -> None:
             pass
         answer = compute()
         try:
-            from .atomic import atomic_write_json
+            from ..atomic import atomic_write_json
             atomic_write_json(path, answer)
         except (OSError, TypeError, ValueError):
             pass
@@ -395,7 +200,7 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
         subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", *todo], env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         done.update({d: sys.version for d in todo})
-        from .atomic import atomic_write_json
+        from ..atomic import atomic_write_json
         atomic_write_json(marker, done)
     except (OSError, TypeError, ValueError):
         return []

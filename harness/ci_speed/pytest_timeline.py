@@ -1,15 +1,15 @@
-"""Where a pytest run's wall time goes, per process (issue 13: the warm GPU tier).
+"""Where a pytest run's wall time goes, per process (what the warm GPU tier was measured with).
 
 With ``$HYV4_TIMELINE=DIR`` every pytest process of a run (the xdist controller and each
 worker, or the one process without xdist) appends events to ``DIR/<who>.jsonl``: when the
 process started (from ``/proc``, so the interpreter's and pytest's own start-up count), when
-conftest configured it, when collection finished, each test's start and finish (in the
+pytest configured it, when collection finished, each test's start and finish (in the
 process that ran it), and the session's end. ``summarize`` turns the files into one line per
 process: start-up, collection, busy seconds, idle seconds, and its last finish, all in seconds
-from the earliest process start. The root conftest registers ``Recorder``; the GPU tier's
+from the earliest process start. The pytest plugin (``pytest_plugin``) registers ``Recorder``; the GPU tier's
 benchmark (``benchmarks/bench_gpu_tier.py``) sets the variable and prints the summary.
 
-    python -m harness.timeline DIR     # the summary of a recorded run
+    python -m harness.ci_speed.pytest_timeline DIR     # the summary of a recorded run
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def summarize(directory: str) -> dict:
     tests, busy seconds (sum of test spans), idle seconds between its first test's start and its
     last finish, and the test it ran last. ``critical`` is the process whose last test finished
     last."""
-    from .exitcodes import CLIError
+    from ..exitcodes import CLIError
 
     events = []
     for p in sorted(pathlib.Path(directory).glob("*.jsonl")):
@@ -150,20 +150,20 @@ def format_summary(summary: dict) -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    from .exitcodes import CLIError
+    from ..exitcodes import CLIError
 
     if len(argv) != 1 or not pathlib.Path(argv[0]).is_dir():
-        raise CLIError(f"usage: python -m harness.timeline DIR (a directory of <who>.jsonl; got {argv!r})")
+        raise CLIError(f"usage: python -m harness.ci_speed.pytest_timeline DIR (a directory of <who>.jsonl; got {argv!r})")
     summary = summarize(argv[0])
     if not summary["processes"]:
-        raise CLIError(f"harness.timeline: {argv[0]}: no <who>.jsonl events")
+        raise CLIError(f"harness.ci_speed.pytest_timeline: {argv[0]}: no <who>.jsonl events")
     print("\n".join(format_summary(summary)))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes are ``harness.exitcodes``'s: 0 printed, 2 a bad DIR or file (one line)."""
-    from .exitcodes import run_guarded
+    from ..exitcodes import run_guarded
 
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv

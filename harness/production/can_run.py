@@ -1,0 +1,79 @@
+"""Can the production path run here? One reason string, or None; and where the reference replays it.
+
+Asked by every command and test that reaches vLLM on CUDA (``cannot_run_production_reason``,
+``cannot_run_engine_reason``), and, without importing torch, by whatever decides on the GPU
+device nodes alone (``gpu_device_nodes``: the pytest conftests, the CI-speed plugin).
+"""
+
+from __future__ import annotations
+
+
+def cannot_run_production_reason() -> str | None:
+    if not gpu_device_nodes():  # said without importing torch (~2 s); CUDA needs an NVIDIA device node
+        return "no CUDA device"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (9, 0):
+        return f"GPU capability {major}.{minor}: FlashMLA sparse and DeepGEMM need SM90+"
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"vLLM does not import: {exc.__class__.__name__}: {exc}"
+    # the internals the production path reaches (one adapter for every release), then the
+    # optional kernels a normal install of this vLLM would run
+    from . import kernel_paths, vllm_compat
+    from .engine import hook_points
+    gone = vllm_compat.cannot_judge_reason()
+    if gone:
+        return gone
+    drift = hook_points.problems(points=hook_points.MODULE_PATH_POINTS)
+    if drift:
+        return f"vLLM {vllm_compat.vllm_version()}: hook point {drift[0]}"
+    return kernel_paths.cannot_judge_reason()
+
+
+def cannot_run_engine_reason() -> str | None:
+    """``cannot_run_production_reason``, then what the engine path and the speculator mutants
+    need besides: the speculator internals and every hook point (``engine/hook_points.py``)."""
+    reason = cannot_run_production_reason()
+    if reason:
+        return reason
+    from . import vllm_compat
+    from .engine import hook_points
+    gone = vllm_compat.cannot_judge_reason(vllm_compat.REQUIRED)
+    if gone:
+        return gone
+    drift = hook_points.problems()
+    return f"vLLM {vllm_compat.vllm_version()}: hook point {drift[0]}" if drift else None
+
+
+GPU_DEVICE_GLOB = "/dev/nvidia[0-9]*"
+
+
+def gpu_device_nodes() -> list[str]:
+    """The host's NVIDIA GPU device nodes (``/dev/nvidia0`` ...), without importing torch or
+    initialising CUDA: what the pytest conftests decide on (workers, per-process tuning)."""
+    import glob
+
+    return sorted(glob.glob(GPU_DEVICE_GLOB))
+
+
+def reference_device() -> str:
+    """Where the float64 reference replays production: the GPU when one is present (the
+    side by side's replay at real dims takes tens of seconds on a host CPU, well under a
+    second on an H200), unless ``HYV4_REFERENCE_DEVICE`` says otherwise (``cpu``/``cuda``)."""
+    import os
+
+    want = os.environ.get("HYV4_REFERENCE_DEVICE", "").strip().lower()
+    if want in ("cpu", "cuda"):
+        return want
+    try:
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
