@@ -1,6 +1,9 @@
-"""Record and check reference goldens of the named cases."""
+"""Reference goldens of the named cases: the reference's ``GoldenKind`` (how its trace is stored
+and judged) and the no-GPU job that checks every case through ``goldens.check``."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from reference import EXACT, draft, flatten
 
@@ -17,10 +20,9 @@ def reference_trace(case_id: str) -> dict:
     return flatten(result)
 
 
-def check_case(case_id: str) -> Report:
-    """The reference's trace now vs its stored golden (GoldenError if none)."""
-    stored, _ = goldens.load(KIND, case_id)
-    now = reference_trace(case_id)
+def _judge(case_id: str, now: dict, stored: dict, entry: dict, root: Path) -> Report:
+    """The reference's trace now vs its stored golden: every component at the golden tolerance;
+    keys only one side has are named in ``meta["key_set_differs"]`` (a failure too)."""
     missing = sorted(set(stored) ^ set(now))
     report = compare_traces(now, stored, default=VS_GOLDEN_REFERENCE)
     report.meta["case"] = case_id
@@ -29,34 +31,45 @@ def check_case(case_id: str) -> Report:
     return report
 
 
-def record_case(case_id: str) -> None:
+def _entry(case_id: str, trace: dict) -> dict:
     case = get_case(case_id)
-    goldens.write(KIND, case_id, reference_trace(case_id), {
-        "case": case_id, "preset": case.preset, "overrides": [list(kv) for kv in case.overrides],
-        "seed": case.seed, "requests": case.requests, "tokens": case.tokens, "steps": case.steps,
-        "dtype": "float64", "tolerance": {"atol": VS_GOLDEN_REFERENCE.atol, "rtol": VS_GOLDEN_REFERENCE.rtol},
-    })
+    return {"case": case_id, "preset": case.preset, "overrides": [list(kv) for kv in case.overrides],
+            "seed": case.seed, "requests": case.requests, "tokens": case.tokens, "steps": case.steps,
+            "dtype": "float64", "tolerance": {"atol": VS_GOLDEN_REFERENCE.atol, "rtol": VS_GOLDEN_REFERENCE.rtol}}
+
+
+# stored as traced (goldens' own compact typing of e4m3 values applies); every golden applies
+REFERENCE = goldens.GoldenKind(KIND, encode=lambda case_id, trace: dict(trace), entry=_entry, judge=_judge)
+
+
+def check_case(case_id: str, *, root=None, regen: bool = False) -> goldens.Checked:
+    """The reference's trace of ``case_id`` now through ``goldens.check`` (GoldenError if no golden;
+    ``regen``: written as the golden, on purpose)."""
+    return goldens.check(REFERENCE, case_id, reference_trace(case_id), root=root, regen=regen)
 
 
 def check_reference_goldens(verbose: bool = False, report: str | None = None) -> int:
-    """0 when every golden case matches, 1 on a mismatch, else 125 when a golden is missing or
-    corrupt (no verdict on that case: ``harness.exitcodes``). ``report``: the judged cases' reports
-    as one JSON file (``harness.report``, as ``compare --report`` writes them)."""
+    """0 when every golden case matches, 1 on a mismatch (the obtained trace written beside the
+    golden, both paths printed), else 125 when a golden is missing or corrupt (no verdict on that
+    case: ``harness.exitcodes``). ``report``: the judged cases' reports as one JSON file
+    (``harness.report``, as ``compare --report`` writes them)."""
     from .exitcodes import EXIT_CANNOT_JUDGE, worst
 
     status = 0
     reports = {}
     for cid in GOLDEN_CASES:
         try:
-            rep = check_case(cid)
+            checked = check_case(cid)
         except goldens.GoldenError as exc:
             print(f"cannot judge {cid}: {exc}")
             status = worst([status, EXIT_CANNOT_JUDGE])
             continue
+        rep, ok = checked.report, checked.passed
         bad = rep.first_divergent
-        ok = bad is None and "key_set_differs" not in rep.meta
         print(f"{'ok  ' if ok else 'FAIL'} {cid}: {len(rep.results)} components"
               + ("" if ok else f"; first divergent {bad.name if bad else rep.meta.get('key_set_differs')}"))
+        if not ok:
+            print(f"     {checked.paths_line}")
         if verbose and not ok:
             print(rep.table())
         status = worst([status, 0 if ok else 1])

@@ -274,7 +274,7 @@ def compare_command(args) -> int:
             print(line)
             return code
     from harness import goldens
-    from harness.production.goldens.goldens_gpu import GOLDEN_CASES, not_judged_line
+    from harness.production.goldens.goldens_gpu import GOLDEN_CASES, judge_golden, not_judged_line
     from harness.production.module.side_by_side import format_rows, run_facts, versions
 
     print(format_rows(result))
@@ -311,29 +311,6 @@ def _golden_case(case_id: str):
     return GPU_CASES.get(case_id)
 
 
-def judge_golden(label: str, case_id: str, prod: dict, root) -> tuple[object, int, list[dict]]:
-    """``case_id``'s production trace against its golden under ``root`` (the checked-in goldens, or
-    a host baseline: one check, ``goldens_gpu.check_production_golden``), its lines printed ->
-    (report or None, EXIT_OK / EXIT_MISMATCH of what was judged, the parts not judged:
-    [{"part", "reason"}])."""
-    from harness.production.goldens.goldens_gpu import absent_reason, check_production_golden, not_judged_line
-
-    golden = check_production_golden(case_id, prod, root)
-    if golden is None:
-        why = absent_reason(case_id, root) or "no golden"
-        print(not_judged_line(label, case_id, why))
-        return None, EXIT_OK, [{"part": f"{label}/{case_id}", "reason": why}]
-    first = golden.first_divergent
-    print(f"{'ok  ' if golden.passed else 'FAIL'} {label} {case_id}"
-          + ("" if golden.passed or first is None else f": first divergent {first.name}")
-          + f" (recorded with {describe_vllm(golden.meta.get('recorded_with'))})")
-    missing = []
-    if golden.meta.get("stale"):
-        print(not_judged_line(label, case_id, golden.meta["stale"]))
-        missing.append({"part": f"{label}/{case_id}", "reason": golden.meta["stale"]})
-    return golden, (EXIT_OK if golden.passed else EXIT_MISMATCH), missing
-
-
 def unjudged_verdict(verdict: int, not_judged: list[dict], allow_unjudged: bool) -> int:
     """bisect-check's exit code once parts could not be judged: a judged failure (1) or a run that
     could not be judged (125) stands; a pass with unjudged parts is 125 (``allow_unjudged``: 0),
@@ -368,6 +345,7 @@ def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None) -> _Side
     (label, root), None when recording) against its golden. A case that does not run ends the loop:
     a load failure is a bad commit (1), any other crash cannot judge (125)."""
     from harness.production.cases import GPU_CASES
+    from harness.production.goldens.goldens_gpu import judge_golden
     from harness.production.module.side_by_side import format_regimes
 
     out = _SideBySide()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 
 import pytest
 import torch
@@ -117,6 +118,9 @@ def test_a_regression_only_the_baseline_sees_fails_at_its_first_component(tmp_pa
     assert "ok   side-by-side tiny-k3-share" in out  # the reference part cannot see it
     assert ("FAIL baseline tiny-k3-share: first divergent step0.indexer.k "
             "(recorded with vLLM 0.33.0 (g4ba787ec9))") in out
+    obtained = d / goldens_gpu.KIND / "tiny-k3-share.obtained.safetensors"
+    assert f"     expected {d / goldens_gpu.KIND / 'tiny-k3-share.safetensors'}; obtained {obtained}" in out
+    assert obtained.is_file() and baseline.read_stamp(d)["cases"] == CASES  # still the same baseline
 
 
 def test_a_baseline_from_another_platform_is_refused_in_one_line(tmp_path, host, capsys):
@@ -224,10 +228,14 @@ def test_a_case_the_baseline_lacks_is_not_judged(tmp_path, host, capsys):
     assert f"NOT JUDGED: baseline tiny-k2-clamp-headwise (no golden of this case in {d})" in out
 
 
-def test_checked_in_goldens_are_judged_on_any_vllm_of_their_platform(host, capsys):
+def test_checked_in_goldens_are_judged_on_any_vllm_of_their_platform(host, capsys, tmp_path, monkeypatch):
     """The checked-in goldens' platform (an H200, as recorded) with another vLLM: judged, and the
-    stand-in's numbers are not vLLM's, so they fail, naming the golden's vLLM."""
-    entry = goldens.read_manifest()["cases"][f"{goldens_gpu.KIND}/tiny-k3-share"]
+    stand-in's numbers are not vLLM's, so they fail, naming the golden's vLLM and both files (the
+    obtained trace lands beside the golden: here a copy of the checked-in tree)."""
+    root = tmp_path / "goldens"
+    shutil.copytree(goldens.ROOT, root, ignore=shutil.ignore_patterns("*.obtained.*"))
+    monkeypatch.setattr(goldens, "ROOT", root)
+    entry = goldens.read_manifest(root)["cases"][f"{goldens_gpu.KIND}/tiny-k3-share"]
     stamp = entry["platform"]
     host.platform = {k: stamp[k] for k in ("gpu", "torch", "cuda")}
     host.platform["capability"] = stamp.get("capability", "9.0")
@@ -236,8 +244,12 @@ def test_checked_in_goldens_are_judged_on_any_vllm_of_their_platform(host, capsy
     # out, else in recorded_with
     recorded = (entry.get("recorded_with") or {}).get("vllm") or stamp["vllm"]
     assert _bisect(cases=["tiny-k3-share"]) == 1
-    assert [ln for ln in _lines(capsys) if ln.startswith("FAIL golden tiny-k3-share: first divergent ")
+    out = _lines(capsys)
+    assert [ln for ln in out if ln.startswith("FAIL golden tiny-k3-share: first divergent ")
             and f"(recorded with vLLM {recorded}" in ln]
+    obtained = root / goldens_gpu.KIND / "tiny-k3-share.obtained.safetensors"
+    assert obtained.is_file()
+    assert f"     expected {root / goldens_gpu.KIND / 'tiny-k3-share.safetensors'}; obtained {obtained}" in out
 
 
 @pytest.mark.parametrize("extra, words", [

@@ -1,29 +1,32 @@
-"""Reference goldens: the harness's own drift, checked on every CI run."""
+"""Reference goldens: the harness's own drift, checked on every CI run; and the one golden entry,
+``goldens.check``: a mismatch writes the obtained trace beside the golden and names both, a match
+writes nothing, an obtained file is never a golden, and regenerating writes the golden."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from harness import goldens
 from harness.cases import GOLDEN_CASES
-from harness.golden_check import KIND, check_case, record_case
+from harness.golden_check import KIND, REFERENCE, check_case, reference_trace
 
 
 @pytest.mark.parametrize("case_id", GOLDEN_CASES)
 def test_reference_matches_golden(case_id, update_goldens):
-    if update_goldens:
-        record_case(case_id)
-        pytest.fail(f"golden {KIND}/{case_id} rewritten: review `git diff goldens/` and rerun without --update-goldens")
-    report = check_case(case_id)
-    assert "key_set_differs" not in report.meta, report.meta
-    assert report.passed, report.table()
+    checked = check_case(case_id, regen=update_goldens)
+    if checked.regenerated:
+        pytest.fail(f"{checked.message}; rerun without --update-goldens")
+    assert "key_set_differs" not in checked.report.meta, checked.report.meta
+    assert checked.passed, f"{checked.message}\n{checked.report.table()}"
 
 
 def test_goldens_stay_small():
-    size = sum(p.stat().st_size for p in goldens.ROOT.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in goldens.ROOT.rglob("*") if p.is_file() and not goldens.is_obtained(p))
     assert size < 5 * 1024 * 1024, f"goldens/ is {size} bytes"
 
 
@@ -52,8 +55,17 @@ def test_write_is_atomic_and_recorded(tmp_path):
     assert not [p for p in (tmp_path / "reference").iterdir() if p.name.startswith(".")]
 
 
-def test_a_changed_reference_is_caught(monkeypatch):
-    """Planted drift: a 1e-6 change in the MoE scaling must fail the golden check."""
+@pytest.fixture
+def copied(tmp_path, monkeypatch):
+    """A copy of the checked-in goldens as ``goldens.ROOT`` (what a failing check writes lands there)."""
+    root = tmp_path / "g"
+    shutil.copytree(goldens.ROOT, root, ignore=shutil.ignore_patterns("*.obtained.*"))
+    monkeypatch.setattr(goldens, "ROOT", root)
+    return root
+
+
+def _drift(monkeypatch):
+    """A 1e-6 change in the MoE scaling."""
     from reference import moe
 
     real = moe.route
@@ -64,9 +76,96 @@ def test_a_changed_reference_is_caught(monkeypatch):
         return out
 
     monkeypatch.setattr(moe, "route", drifted)
-    report = check_case("tiny-moe-sink-elementwise")
-    assert not report.passed
-    assert report.first_divergent.name == "step0.moe.topk_weights"
+
+
+CASE = "tiny-moe-sink-elementwise"
+
+
+def test_a_changed_reference_is_caught_and_its_trace_written_beside_the_golden(copied, monkeypatch):
+    """Planted drift fails the golden check; the obtained trace lies beside the golden (loadable, with
+    the drift in it), the message names both files and the first divergent component, the golden
+    and the manifest are untouched, and the obtained file is no golden."""
+    before = {p.name: p.read_bytes() for p in copied.rglob("*") if p.is_file()}
+    _drift(monkeypatch)
+    checked = check_case(CASE)
+    assert not checked.passed and checked.report.first_divergent.name == "step0.moe.topk_weights"
+    expected = copied / KIND / f"{CASE}.safetensors"
+    obtained = copied / KIND / f"{CASE}.obtained.safetensors"
+    assert checked.expected == expected and checked.obtained == obtained and obtained.is_file()
+    assert f"expected: {expected}" in checked.message and f"obtained: {obtained}" in checked.message
+    assert "first divergent step0.moe.topk_weights" in checked.message
+    assert checked.paths_line == f"expected {expected}; obtained {obtained}"
+    assert {p.name: p.read_bytes() for p in copied.rglob("*") if p.is_file() and p != obtained} == before
+    assert not [p for p in obtained.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+    got = load_file(str(obtained))
+    now = reference_trace(CASE)
+    assert set(got) == set(now) and torch.equal(got["step0.moe.topk_weights"], now["step0.moe.topk_weights"])
+    # never a golden: not in the manifest, refused by name, skipped if a manifest lists it
+    assert not [k for k in goldens.read_manifest(copied)["cases"] if "obtained" in k]
+    with pytest.raises(goldens.GoldenError, match="never a golden"):
+        goldens.load(KIND, f"{CASE}.obtained", root=copied)
+    with pytest.raises(goldens.GoldenError, match="never a golden"):
+        goldens.write(KIND, f"{CASE}.obtained", now, {}, root=copied)
+    doc = json.loads((copied / "manifest.json").read_text())
+    doc["cases"][f"{KIND}/{CASE}.obtained"] = {"file": f"{KIND}/{CASE}.obtained.safetensors"}
+    (copied / "manifest.json").write_text(json.dumps(doc))
+    assert f"{KIND}/{CASE}.obtained" not in goldens.read_manifest(copied)["cases"]
+
+
+def test_a_match_writes_nothing_and_clears_an_old_obtained_file(copied):
+    before = sorted(p.relative_to(copied) for p in copied.rglob("*"))
+    checked = check_case(CASE)
+    assert checked.passed and checked.obtained is None and checked.paths_line is None
+    assert sorted(p.relative_to(copied) for p in copied.rglob("*")) == before
+    stale = copied / KIND / f"{CASE}.obtained.safetensors"
+    stale.write_bytes(b"left by an earlier mismatch")
+    assert check_case(CASE).passed and not stale.exists()
+
+
+def test_the_main_job_names_both_files_and_exits_1(copied, monkeypatch, capsys):
+    from harness.golden_check import check_reference_goldens
+
+    _drift(monkeypatch)
+    assert check_reference_goldens() == 1
+    out = capsys.readouterr().out.splitlines()
+    obtained = copied / KIND / f"{CASE}.obtained.safetensors"
+    assert f"FAIL {CASE}: " in "\n".join(out) and obtained.is_file()
+    assert f"     expected {copied / KIND / f'{CASE}.safetensors'}; obtained {obtained}" in out
+
+
+def test_an_unwritable_obtained_file_keeps_the_verdict(copied, monkeypatch):
+    _drift(monkeypatch)
+
+    def refuse(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(goldens, "save_file", refuse)
+    checked = check_case(CASE)
+    assert not checked.passed and checked.obtained is None
+    assert "obtained: not written (OSError" in checked.message and "No space left" in checked.message
+
+
+def test_regenerate_writes_the_golden_on_purpose(copied, monkeypatch):
+    """``regen`` (--update-goldens) writes the expected file and its manifest entry; the next
+    check matches; an obtained file of the old golden is gone."""
+    _drift(monkeypatch)
+    assert not check_case(CASE).passed
+    old = (copied / KIND / f"{CASE}.safetensors").read_bytes()
+    checked = check_case(CASE, regen=True)
+    assert checked.regenerated and checked.report is None and "written on purpose" in checked.message
+    assert (copied / KIND / f"{CASE}.safetensors").read_bytes() != old
+    assert not (copied / KIND / f"{CASE}.obtained.safetensors").exists()
+    entry = goldens.read_manifest(copied)["cases"][f"{KIND}/{CASE}"]
+    assert entry["case"] == CASE and entry["dtype"] == "float64"
+    assert check_case(CASE).passed
+    # a new golden of a kind with no entry yet: written by regen, missing before (GoldenError)
+    trace = {"step0.logits": torch.zeros(2, 3, dtype=torch.float64)}
+    kind = goldens.GoldenKind("scratch", encode=lambda c, t: dict(t), entry=lambda c, t: {"case": c},
+                              judge=REFERENCE.judge)
+    with pytest.raises(goldens.GoldenError, match="no golden scratch/c1"):
+        goldens.check(kind, "c1", trace, root=copied)
+    assert goldens.check(kind, "c1", trace, root=copied, regen=True).regenerated
+    assert goldens.check(kind, "c1", trace, root=copied).passed
 
 
 def test_production_goldens_are_intact_on_cpu():

@@ -19,6 +19,15 @@ from harness.production.verdict.fp8_emulation import as_production_trace
 PLATFORM = {"gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0+cu130", "cuda": "13.0"}
 
 
+def _check(case_id: str, prod: dict, root):
+    """The report of ``goldens.check`` on a production golden; None when none applies here."""
+    return goldens.check(g.PRODUCTION, case_id, prod, root=root).report
+
+
+def _record(case_id: str, prod: dict, root):
+    assert goldens.check(g.PRODUCTION, case_id, prod, root=root, regen=True).regenerated
+
+
 @pytest.fixture(autouse=True)
 def _vllm_stamp(monkeypatch):
     """The vLLM a golden is stamped with, without importing vLLM."""
@@ -39,19 +48,19 @@ def _trace():
 def test_one_ulp_is_visible_and_platform_keyed(tmp_path, monkeypatch):
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     prod = _trace()
-    g.record("c", prod, tmp_path)
-    assert g.check_production_golden("c", prod, tmp_path).passed
+    _record("c", prod, tmp_path)
+    assert _check("c", prod, tmp_path).passed
     bumped = dict(prod)
     core = prod["step0.attn.core"].clone()
     core.view(torch.int16)[0, 0] += 1  # next bf16 value: one ulp
     bumped["step0.attn.core"] = core
-    rep = g.check_production_golden("c", bumped, tmp_path)
+    rep = _check("c", bumped, tmp_path)
     assert not rep.passed and rep.first_divergent.name == "step0.attn.core"
     jitter = dict(prod)
     jitter["step0.logits"] = prod["step0.logits"] * (1 + 1e-7)
-    assert g.check_production_golden("c", jitter, tmp_path).passed
+    assert _check("c", jitter, tmp_path).passed
     monkeypatch.setattr(g, "platform", lambda: {**PLATFORM, "gpu": "NVIDIA H100"})
-    assert g.check_production_golden("c", prod, tmp_path) is None
+    assert _check("c", prod, tmp_path) is None
     assert g.absent_reason("c", tmp_path) == ("no golden for platform gpu=NVIDIA H100, capability=9.0, "
                                               "torch=2.11.0+cu130, cuda=13.0")
 
@@ -61,18 +70,18 @@ def test_the_platform_key_leaves_the_vllm_version_out(tmp_path, monkeypatch):
     goldens stamped before the key had a compute capability (and with the vLLM in it) still apply."""
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     prod = _trace()
-    g.record("c", prod, tmp_path)
+    _record("c", prod, tmp_path)
     entry = goldens.read_manifest(tmp_path)["cases"]["production/c"]
     assert entry["platform"] == PLATFORM and entry["recorded_with"]["vllm"] == "0.33.0"
     monkeypatch.setattr(g, "recorded_with", lambda: {"vllm": "0.34.0", "vllm_commit": None})
-    rep = g.check_production_golden("c", prod, tmp_path)
+    rep = _check("c", prod, tmp_path)
     assert rep.passed and rep.meta["recorded_with"] == {"vllm": "0.33.0", "vllm_commit": "g4ba787ec9"}
     legacy = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "vllm": "0.33.0"}
     goldens.write(g.KIND, "old", g._encode("old", prod), {"case": "old", "platform": legacy}, tmp_path)
-    rep = g.check_production_golden("old", prod, tmp_path)
+    rep = _check("old", prod, tmp_path)
     assert rep.passed and rep.meta["recorded_with"] == {"vllm": "0.33.0", "vllm_commit": None}
     monkeypatch.setattr(g, "platform", lambda: {**PLATFORM, "torch": "2.12.0+cu130"})
-    assert g.check_production_golden("old", prod, tmp_path) is None
+    assert _check("old", prod, tmp_path) is None
 
 
 def test_the_golden_cases_are_the_default_bisect_set_and_the_checked_in_goldens_fit():
@@ -81,7 +90,7 @@ def test_the_golden_cases_are_the_default_bisect_set_and_the_checked_in_goldens_
 
     assert g.GOLDEN_CASES is BISECT_CASES and compare_cli.DEFAULT_BISECT_CASES is BISECT_CASES
     assert "tiny-k2-fp8-ue8m0-fused-scale-long" in g.GOLDEN_CASES
-    size = sum(p.stat().st_size for p in goldens.ROOT.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in goldens.ROOT.rglob("*") if p.is_file() and not goldens.is_obtained(p))
     assert size < 5 * 2**20, f"goldens/ holds {size} bytes: re-record the long cases at ROW_CAP {g.ROW_CAP}"
 
 
@@ -94,20 +103,20 @@ def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):
     pos = torch.cat([torch.arange(150), torch.arange(150)])  # two requests of 150 tokens
     prod = {"step0.positions": pos, "step0.attn.core": torch.randn(300, 8, generator=gen).to(torch.bfloat16),
             "step0.draft_token": torch.tensor([3, 7]), "step0.logits": torch.randn(2, 16, generator=gen)}
-    g.record("tiny-k2-long", prod, tmp_path)
+    _record("tiny-k2-long", prod, tmp_path)
 
     def bump(rows, ulps=1):
         core = prod["step0.attn.core"].clone()
         core.view(torch.int16)[rows, 0] += ulps
         return {**prod, "step0.attn.core": core}
 
-    long_rows = g.check_production_golden("tiny-k2-long", bump([140, 149, 290]), tmp_path)
+    long_rows = _check("tiny-k2-long", bump([140, 149, 290]), tmp_path)
     assert long_rows.passed, long_rows.table()
     assert "3 of 300 rows differ, all order-variant" in long_rows.results[0].note
-    assert not g.check_production_golden("tiny-k2-long", bump([100]), tmp_path).passed  # context 101
-    assert not g.check_production_golden("tiny-k2-long", bump([149], ulps=200), tmp_path).passed  # not an ulp
+    assert not _check("tiny-k2-long", bump([100]), tmp_path).passed  # context 101
+    assert not _check("tiny-k2-long", bump([149], ulps=200), tmp_path).passed  # not an ulp
     flipped = {**prod, "step0.draft_token": torch.tensor([3, 8])}  # last rows: positions 149 > 128
-    assert g.check_production_golden("tiny-k2-long", flipped, tmp_path).passed
+    assert _check("tiny-k2-long", flipped, tmp_path).passed
 
 
 def _fabricated(case_id: str) -> dict:
@@ -139,7 +148,7 @@ def k3share() -> dict:
 
 def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3share):
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
-    g.record("tiny-k3-share", k3share, tmp_path)
+    _record("tiny-k3-share", k3share, tmp_path)
     stored, _ = g._decode(goldens.load(g.KIND, "tiny-k3-share", tmp_path)[0])
     judged = sbs.judge(sbs.GPU_CASES["tiny-k3-share"], k3share, {})
     assert judged.passed, judged.details["table"]
@@ -149,27 +158,27 @@ def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3s
         assert must in _by_step(stored)["step0"], must
     assert g.stored_components("tiny-k3-share", tmp_path) == [
         c for c in PRODUCTION_COMPONENTS if c in _by_step(compared)["step0"]]
-    assert g.check_production_golden("tiny-k3-share", k3share, tmp_path).passed
+    assert _check("tiny-k3-share", k3share, tmp_path).passed
 
 
 def test_first_divergence_names_the_cause(tmp_path, monkeypatch, k3share):
     """An upstream-style indexer regression (k no longer normed in fp32: every k moves by an ulp)
     that also moves attn.core is reported at indexer.k, not at attn.core."""
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
-    g.record("tiny-k3-share", k3share, tmp_path)
+    _record("tiny-k3-share", k3share, tmp_path)
     bad = dict(k3share)
     for comp in ("indexer.k", "attn.core"):
         t = bad[f"step0.{comp}"].clone()
         t.view(torch.int16)[:, 3] += 1
         bad[f"step0.{comp}"] = t
-    rep = g.check_production_golden("tiny-k3-share", bad, tmp_path)
+    rep = _check("tiny-k3-share", bad, tmp_path)
     assert not rep.passed and rep.first_divergent.name == "step0.indexer.k", rep.table()
     assert [r.name for r in rep.results if not r.passed] == ["step0.indexer.k", "step0.attn.core"]
     q = dict(k3share)  # one e4m3 step of one indexer q element: seen at q_deq
     q8 = q["step0.indexer.q_fp8"].float()
     q8[0, 0, 0] = q8[0, 0, 0] * 1.125 if q8[0, 0, 0] != 0 else 1.0
     q["step0.indexer.q_fp8"] = q8.to(torch.float8_e4m3fn)
-    assert g.check_production_golden("tiny-k3-share", q, tmp_path).first_divergent.name == "step0.indexer.q_deq"
+    assert _check("tiny-k3-share", q, tmp_path).first_divergent.name == "step0.indexer.q_deq"
 
 
 def test_long_steps_keep_capped_rows_and_the_goldens_fit(tmp_path, monkeypatch):
@@ -179,9 +188,9 @@ def test_long_steps_keep_capped_rows_and_the_goldens_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     traces = {cid: _fabricated(cid) for cid in g.GOLDEN_CASES}
     for cid, prod in traces.items():
-        g.record(cid, prod, tmp_path)
+        _record(cid, prod, tmp_path)
     prod_bytes = sum(p.stat().st_size for p in (tmp_path / g.KIND).iterdir())
-    ref_bytes = sum(p.stat().st_size for p in (goldens.ROOT / "reference").iterdir())
+    ref_bytes = sum(p.stat().st_size for p in (goldens.ROOT / "reference").iterdir() if not goldens.is_obtained(p))
     assert prod_bytes + ref_bytes < 5 * 2**20, (prod_bytes, ref_bytes)
     long = traces["tiny-k2-long"]
     stored, rows = g._decode(goldens.load(g.KIND, "tiny-k2-long", tmp_path)[0])
@@ -192,17 +201,17 @@ def test_long_steps_keep_capped_rows_and_the_goldens_fit(tmp_path, monkeypatch):
     assert set(starts) | {s - 1 for s in starts[1:]} | {pos.numel() - 1} <= set(kept.tolist())
     assert stored["step0.indexer.k"].shape[0] == kept.numel() and stored["step0.logits"].shape[0] == 2
     assert stored["step0.indexer.topk"].dtype == torch.int16
-    assert g.check_production_golden("tiny-k2-long", long, tmp_path).passed
+    assert _check("tiny-k2-long", long, tmp_path).passed
     short = int(kept[(pos[kept] + 1 <= 128)][5])  # a kept row that reads every key: tight tolerance
     bumped = dict(long)
     t = long["step0.embed"].clone()
     t.view(torch.int16)[short, 0] += 1
     bumped["step0.embed"] = t
-    rep = g.check_production_golden("tiny-k2-long", bumped, tmp_path)
+    rep = _check("tiny-k2-long", bumped, tmp_path)
     assert not rep.passed and rep.first_divergent.name == "step0.embed"
     fewer = {k: v for k, v in long.items()}
     fewer["step0.positions"] = long["step0.positions"][:100]
-    rep = g.check_production_golden("tiny-k2-long", fewer, tmp_path)
+    rep = _check("tiny-k2-long", fewer, tmp_path)
     assert not rep.passed and "re-record" in rep.results[0].note
 
 
@@ -215,7 +224,7 @@ def test_a_golden_recorded_before_the_new_components_is_reported_not_crashed_on(
     legacy = {k: v.clone() for k, v in k3share.items() if k.split(".", 1)[1] in old}
     goldens.write(g.KIND, "tiny-k3-share", legacy, {"case": "tiny-k3-share", "platform": g.platform(),
                                                    "components": list(old)}, tmp_path)
-    rep = g.check_production_golden("tiny-k3-share", k3share, tmp_path)
+    rep = _check("tiny-k3-share", k3share, tmp_path)
     assert rep.passed, rep.table()
     assert {r.name.split(".", 1)[1] for r in rep.results} == set(old)
     assert rep.meta["stale"].startswith("golden recorded before embed, embed_masked, enorm, hnorm, attn.q_c,")
@@ -224,7 +233,7 @@ def test_a_golden_recorded_before_the_new_components_is_reported_not_crashed_on(
     t = bad["step0.attn.core"].clone()
     t.view(torch.int16)[0, 0] += 1
     bad["step0.attn.core"] = t
-    assert g.check_production_golden("tiny-k3-share", bad, tmp_path).first_divergent.name == "step0.attn.core"
+    assert _check("tiny-k3-share", bad, tmp_path).first_divergent.name == "step0.attn.core"
 
 
 def test_router_gemm_tolerance_takes_bf16x3_not_bf16(tmp_path, monkeypatch):
@@ -246,16 +255,16 @@ def test_router_gemm_tolerance_takes_bf16x3_not_bf16(tmp_path, monkeypatch):
         return {"step0.moe.router_logits": logits, "step0.logits": torch.randn(2, 16, generator=gen)}
 
     prod = trace(w32)
-    g.record("c", prod, tmp_path)
+    _record("c", prod, tmp_path)
     x3 = trace(hi + lo)  # bf16x3: w's first 16 bits (x is bf16, exact)
     x3["step0.logits"] = prod["step0.logits"]
     moved = float((x3["step0.moe.router_logits"] - prod["step0.moe.router_logits"]).abs().max())
     assert moved > 1e-7, moved  # the tight fp32 tolerance alone would not take it
-    assert g.check_production_golden("c", x3, tmp_path).passed
+    assert _check("c", x3, tmp_path).passed
     for bad in (trace(w32, round_bf16=True), trace(hi)):
         bad["step0.logits"] = prod["step0.logits"]
-        rep = g.check_production_golden("c", bad, tmp_path)
+        rep = _check("c", bad, tmp_path)
         assert not rep.passed and rep.first_divergent.name == "step0.moe.router_logits", rep.table()
     other = dict(prod)
     other["step0.logits"] = prod["step0.logits"] + 2e-6
-    assert not g.check_production_golden("c", other, tmp_path).passed
+    assert not _check("c", other, tmp_path).passed

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.production.goldens.goldens_gpu import (GOLDEN_CASES, absent_reason, check_production_golden,
-                                                    not_judged_line, record)
+from harness import goldens
+from harness.production.goldens.goldens_gpu import GOLDEN_CASES, PRODUCTION, absent_reason, not_judged_line
 from harness.production.goldens.platform_key import describe_vllm
 from harness.production.cases import GPU_CASES
 from harness.production.module.side_by_side import run_case
@@ -25,12 +25,12 @@ def test_production_matches_its_golden(case_id, update_goldens, require_goldens)
             pytest.fail(line)
         pytest.skip(line)
     result = run_case(GPU_CASES[case_id])
-    if update_goldens:
-        record(case_id, result.trace)
-        pytest.fail(f"production golden {case_id} rewritten: review `git diff goldens/`")
-    report = check_production_golden(case_id, result.trace)
+    checked = goldens.check(PRODUCTION, case_id, result.trace, regen=update_goldens)
+    if checked.regenerated:
+        pytest.fail(f"production {checked.message}")
+    report = checked.report
     recorded = f"golden recorded with {describe_vllm(report.meta.get('recorded_with'))}"
-    assert report.passed, f"{recorded}\n{report.table()}"
+    assert checked.passed, f"{checked.message}\n{recorded}\n{report.table()}"
     if report.meta.get("stale"):  # the judged components passed; the rest of the golden was not judged
         line = not_judged_line("golden", case_id, report.meta["stale"])
         if require_goldens:

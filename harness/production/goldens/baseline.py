@@ -1,7 +1,8 @@
 """Host baselines: the production goldens of the bisect set, recorded by the user on this host at a
 known-good vLLM (``bisect-check --record-baseline DIR``) and judged at every later commit
 (``bisect-check --baseline DIR``) exactly as the checked-in goldens are: the same files, encoding,
-tolerances and check (``goldens_gpu``), under another root, written by the user.
+tolerances and check (``goldens.check(goldens_gpu.PRODUCTION, ...)``: a mismatch leaves the obtained
+trace beside the baseline's file), under another root, written by the user.
 
     DIR/manifest.json                      {"cases": {...}, "baseline": STAMP}
     DIR/production/<case>.safetensors

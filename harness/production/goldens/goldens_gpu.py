@@ -7,7 +7,9 @@ platform (GPU model, compute capability, torch, CUDA: ``platform_key``), and is
 judged on every vLLM version of it; on another platform there is no golden to
 judge, and the callers say so ("NOT JUDGED"), never "ok". A host baseline
 (``baseline.py``, ``bisect-check --record-baseline DIR``) is the same thing
-under another root, recorded by the user at a known-good vLLM.
+under another root, recorded by the user at a known-good vLLM. Both are judged through the one
+golden entry, ``goldens.check(PRODUCTION, case_id, prod, root=...)``: on a mismatch the obtained
+trace is written beside the golden (``<case>.obtained.safetensors``) and a line names both files.
 
     python -m harness.production.goldens_gpu record [--root DIR] [--case ID ...]   # 0: every case recorded
     python -m harness.production.goldens_gpu check [--root DIR] [--case ID ...]    # 0 / 1 / 125 (not judged)
@@ -228,15 +230,10 @@ def _golden(case_id: str, prod: dict, key: dict, vllm: dict) -> tuple[dict, dict
 def record_set(traces: dict[str, dict], root: Path = goldens.ROOT, manifest_extra: dict | None = None) -> list[Path]:
     """Record the goldens of ``{case_id: production trace}`` under ``root``, stamped with this
     platform's key and vLLM: every tensor encoded before anything is written, the manifest last
-    (``goldens.write_set``)."""
+    (``goldens.write_set``). One case on purpose: ``goldens.check(PRODUCTION, ..., regen=True)``."""
     key, vllm = platform(), recorded_with()
     cases = {cid: _golden(cid, prod, key, vllm) for cid, prod in traces.items()}
     return goldens.write_set(KIND, cases, root, manifest_extra)
-
-
-def record(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Path:
-    """Record one case's golden (``record_set`` of one)."""
-    return record_set({case_id: prod}, root)[0]
 
 
 def absent_reason(case_id: str, root: Path = goldens.ROOT) -> str | None:
@@ -250,17 +247,9 @@ def absent_reason(case_id: str, root: Path = goldens.ROOT) -> str | None:
     return None
 
 
-def has_golden(case_id: str, root: Path = goldens.ROOT) -> bool:
-    """Whether a production golden of ``case_id`` exists for this platform (any vLLM version)."""
-    return absent_reason(case_id, root) is None
-
-
-def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT) -> Report | None:
-    """Report vs the stored golden (results in dataflow order); None when there is no golden for
-    this platform. Components the golden predates are not judged: ``meta["stale"]`` says so."""
-    if not has_golden(case_id, root):
-        return None
-    tensors, entry = goldens.load(KIND, case_id, root)
+def _judge(case_id: str, prod: dict, tensors: dict, entry: dict, root: Path) -> Report:
+    """Production trace ``prod`` vs the golden's ``tensors`` (results in dataflow order).
+    Components the golden predates are not judged: ``meta["stale"]`` says so."""
     stored, rows = _decode(tensors)
     full = golden_view(case_id, prod)
     now, positions = {}, {}
@@ -312,6 +301,43 @@ def check_production_golden(case_id: str, prod: dict, root: Path = goldens.ROOT)
         report.meta["stale"] = (f"golden recorded before {', '.join(predates)} was stored: re-record "
                                 f"(python -m harness.production.goldens_gpu record); those are not judged")
     return report
+
+
+# production goldens through the one entry, ``goldens.check(PRODUCTION, case_id, prod, root=...)``:
+# a golden applies only on the platform it was recorded on (``absent_reason``); the platform and
+# vLLM are looked up when a golden is written (tests replace ``platform`` / ``recorded_with``)
+PRODUCTION = goldens.GoldenKind(
+    KIND, encode=lambda case_id, prod: _encode(case_id, prod),
+    entry=lambda case_id, prod: _golden(case_id, prod, platform(), recorded_with())[1],
+    judge=lambda *a: _judge(*a), absent=lambda case_id, root: absent_reason(case_id, root))
+
+
+def judge_golden(label: str, case_id: str, prod: dict, root, table: bool = False) -> tuple[object, int, list[dict]]:
+    """``case_id``'s production trace against its golden under ``root`` (the checked-in goldens, or
+    a host baseline) through ``goldens.check``, its lines printed (``table``: the report's table
+    first) -> (report or None, EXIT_OK / EXIT_MISMATCH of what was judged, the parts not judged:
+    [{"part", "reason"}]). On a mismatch the obtained trace lies beside the golden; a line names both."""
+    from harness.exitcodes import EXIT_MISMATCH, EXIT_OK
+
+    checked = goldens.check(PRODUCTION, case_id, prod, root=root)
+    golden = checked.report
+    if golden is None:
+        why = checked.absent or "no golden"
+        print(not_judged_line(label, case_id, why))
+        return None, EXIT_OK, [{"part": f"{label}/{case_id}", "reason": why}]
+    if table:
+        print(golden.table())
+    first = golden.first_divergent
+    print(f"{'ok  ' if golden.passed else 'FAIL'} {label} {case_id}"
+          + ("" if golden.passed or first is None else f": first divergent {first.name}")
+          + f" (recorded with {platform_key.describe_vllm(golden.meta.get('recorded_with'))})")
+    if not checked.passed:
+        print(f"     {checked.paths_line}")
+    missing = []
+    if golden.meta.get("stale"):
+        print(not_judged_line(label, case_id, golden.meta["stale"]))
+        missing.append({"part": f"{label}/{case_id}", "reason": golden.meta["stale"]})
+    return golden, (EXIT_OK if golden.passed else EXIT_MISMATCH), missing
 
 
 def _recorded_with(entry: dict) -> dict:
@@ -399,7 +425,7 @@ def main(argv=None) -> int:
 
 def _command(args) -> int:
     from harness.ci_env import ci_is_set
-    from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, worst
+    from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CLIError, first_line, worst
     from harness.production.cases import GPU_CASES
     from harness.production.can_run import cannot_run_production_reason
 
@@ -439,19 +465,8 @@ def _command(args) -> int:
         return EXIT_OK
     status = EXIT_OK
     for cid in ids:
-        result = run_case(GPU_CASES[cid])
-        rep = check_production_golden(cid, result.trace, root)
-        if rep is None:
-            print(not_judged_line("golden", cid, absent_reason(cid, root)))
-            status = worst([status, EXIT_CANNOT_JUDGE])
-            continue
-        print(rep.table())
-        print(f"{'ok  ' if rep.passed else 'FAIL'} golden {cid} (recorded with "
-              f"{platform_key.describe_vllm(rep.meta.get('recorded_with'))})")
-        status = worst([status, EXIT_OK if rep.passed else EXIT_MISMATCH])
-        if rep.meta.get("stale"):
-            print(not_judged_line("golden", cid, rep.meta["stale"]))
-            status = worst([status, EXIT_CANNOT_JUDGE])
+        _, code, not_judged = judge_golden("golden", cid, run_case(GPU_CASES[cid]).trace, root, table=True)
+        status = worst([status, code, *(EXIT_CANNOT_JUDGE for _ in not_judged)])
     return status
 
 
