@@ -1,4 +1,4 @@
-"""Where a pytest run's wall time goes, per process (issue 13: the warm GPU tier).
+"""Where a pytest run's wall time goes, per process (to make the warm GPU tier short).
 
 With ``$HYV4_TIMELINE=DIR`` every pytest process of a run (the xdist controller and each
 worker, or the one process without xdist) appends events to ``DIR/<who>.jsonl``: when the
