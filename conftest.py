@@ -43,7 +43,7 @@ def _check_environment(config) -> None:
     from harness.input_checks import HYPOTHESIS_PROFILES, environment
 
     try:
-        environment()  # every one the README documents (the GPU tests read the engine's too)
+        environment()  # every one harness/env_vars.py documents and input_checks checks (the GPU tests read the engine's too)
     except CLIError as exc:
         raise pytest.UsageError(str(exc)) from None
     name = config.getoption("--hypothesis-profile-name")

@@ -1,4 +1,4 @@
-"""The GPU tier's wall times on one host, against issue 13's targets (a benchmark, not a test).
+"""The GPU tier's wall times on one host, against the targets in TARGETS (a benchmark, not a test).
 
     python benchmarks/bench_gpu_tier.py --out DIR [--workers 6] [--only STEP,STEP...] [--cache DIR]
 
@@ -47,7 +47,7 @@ from harness.ci_speed.pytest_timeline import format_summary, summarize  # noqa: 
 
 STEPS = ("warmup-cold", "bisect-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect", "bisect-graphs",
          "draft-step", "cpu-tier")
-# issue 13's targets, seconds (draft-step: the reference/production ratio)
+# the GPU tier's time targets, seconds (draft-step: the reference/production ratio)
 TARGETS = {"tier_cold_s": 300.0, "tier_warm_s": 120.0, "main_cold_s": 60.0, "main_warm_s": 20.0, "bisect_warm_s": 60.0,
            "cpu_tier_s": 90.0, "draft_step_ratio": 3.0}
 

@@ -3,7 +3,7 @@
 The verdict is decided, printed and written when ``main`` returns. What interpreter shutdown
 does after that on a GPU host (vLLM's and torch's exit hooks, the NCCL process group's
 destructor, module teardown) took 1.1-2.9 s of a warm ``harness main`` after its report line
-on an H200 (lease 2026-12-02d), and a crash there would replace the exit code that ``git
+(measured), and a crash there would replace the exit code that ``git
 bisect run`` reads. So this package's own exit work is done, logging and stdio are flushed,
 and the process ends with the command's code.
 """

@@ -265,9 +265,11 @@ def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``compare`` and ``main`` (which runs compare on a GPU)."""
     p.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny",
                    help="a checkpoint directory, preset:NAME (seeded weights) or a GPU case id")
-    p.add_argument("--steps", type=int, default=None)  # default commands.compare.DEFAULT_STEPS
+    p.add_argument("--steps", type=int, default=None,
+                   help="draft steps K of a preset or checkpoint directory (default 2; refused with a case id)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism: runs on that many GPUs, also vs TP=1")
-    p.add_argument("--seed", type=int, default=None)  # default commands.compare.DEFAULT_SEED
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the weights (presets) and of the inputs (default 0; refused with a case id)")
     p.add_argument("--report", default=None, help="write the JSON report here")
 
 
@@ -295,13 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reference", help="write the reference trace of a seeded case")
     r.add_argument("ckpt", metavar="CKPT_DIR", help="checkpoint directory, or preset:NAME for in-memory seeded weights")
     r.add_argument("--out", required=True, help="trace .safetensors (keys step{k}.{component})")
-    r.add_argument("--steps", type=int, default=2)
-    r.add_argument("--requests", type=int, default=2)
-    r.add_argument("--tokens", type=int, default=8)
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--steps", type=int, default=2, help="draft steps K")
+    r.add_argument("--requests", type=int, default=2, help="requests in the batch")
+    r.add_argument("--tokens", type=int, default=8, help="step-0 tokens per request")
+    r.add_argument("--seed", type=int, default=0, help="seed of the weights (presets) and of the inputs")
     r.add_argument("--tp", type=int, default=1, help="simulated tensor parallelism")
-    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    r.add_argument("--dtype", choices=("float64", "production"), default="float64")
+    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the reference runs")
+    r.add_argument("--dtype", choices=("float64", "production"), default="float64",
+                   help="float64 (exact) or production (bf16 activations, fp32 accumulation)")
     r.set_defaults(func=cmd_reference)
 
     from .checkpoint.options import add_synth_arguments
@@ -314,15 +317,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
 
     rp = sub.add_parser("report", help="print a JSON report; with two, the components whose error moved")
-    rp.add_argument("a", metavar="A.json")
-    rp.add_argument("b", metavar="B.json", nargs="?")
+    rp.add_argument("a", metavar="A.json", help="a report written by --report")
+    rp.add_argument("b", metavar="B.json", nargs="?", help="a second report: list what moved from A to B")
     rp.add_argument("--plot", metavar="PNG", help="write a log-scale error-per-component plot of A")
     rp.add_argument("--factor", type=float, default=2.0, help="report max_abs changes larger than this ratio")
     rp.set_defaults(func=cmd_report)
 
     b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch or load failure, 2 bad input, 125 cannot judge")
-    b.add_argument("--case", action="append", default=None, metavar="ID")
-    b.add_argument("--report", default=None)
+    b.add_argument("--case", action="append", default=None, metavar="ID",
+                   help="side-by-side or engine case to judge (default: the bisect set)")
+    b.add_argument("--report", default=None, help="write the JSON report here")
     b.add_argument("--plant", default=None, metavar="MUTANT",
                    help="self-test of the harness: plant a known bug (`mutants --list`) in every case it "
                         "applies to before judging; a working bisect-check then exits 1")

@@ -1,6 +1,6 @@
 """Component-by-component verdicts: reference vs production (or vs a golden).
 
-Order of checks for one component (DESIGN.md, "Comparison"):
+Order of checks for one component:
 1. shapes must agree;
 2. anomalies: the NaN, +inf and -inf masks must match exactly;
 3. index components (top-k rows, expert ids, draft tokens) compare as sets
@@ -20,12 +20,12 @@ import torch
 
 from harness.components import INDEX_COMPONENTS, REFERENCE_COMPONENTS, Tolerance
 
-# Dataflow order of one step (DESIGN.md's canonical names): the components the reference's trace
+# Dataflow order of one step (the registry's canonical names): the components the reference's trace
 # holds, from the registry (harness/components.py). Index components compare as sets.
 COMPONENTS = REFERENCE_COMPONENTS
 
 
-# Production tolerances (measured on an H200, keyed by quant) live in the registry
+# Production tolerances (measured on an SM90 GPU, keyed by quant) live in the registry
 # (harness/components.py); this module only applies them.
 # Exact reference vs a stored golden of the same reference: float64 rounding only.
 VS_GOLDEN_REFERENCE = Tolerance(1e-10, 1e-10, "float64 summation order across torch builds/CPUs")

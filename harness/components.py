@@ -14,7 +14,7 @@ PyTorch's OpInfo). Everything that lists components is derived from ``REGISTRY``
 Adding a component is one ``Component`` record here (in dataflow order) plus the reference function
 that computes it (``reference``: the dotted name; ``reference.mtp.forward_step`` stores it in the
 trace under ``name``). ``tests/cpu/test_component_registry.py`` holds every derived list to the
-registry and to the lists as they were before the registry existed.
+registry and states the invariants they keep.
 
 This module imports nothing of the project (it is the bottom of ``harness``).
 """
@@ -61,7 +61,7 @@ class Hook:
 class Component:
     """One component of a draft step.
 
-    name            canonical name (DESIGN.md), the trace key after ``step{k}.``
+    name            canonical name, the trace key after ``step{k}.``
     reference       the reference function that computes it (dotted name under ``reference``)
     compare         "values" (atol/rtol), "index" (row sets, ties by score), "token" (exact where
                     the logit margin is decisive), "tie-bound" (not compared: its tolerance is the
@@ -102,7 +102,7 @@ class Component:
 # Judged as |prod - ref| <= atol + rtol*|ref|, the reference replayed on production's own inputs.
 # Scale of the numbers: synthetic weights keep activations O(1) (RMSNorm outputs up to ~5, MLP
 # outputs up to ~8). bf16 keeps 8 significant bits: one rounding is at most 2^-9 relative, one ulp
-# at |x| in [2, 4) is 2^-6 = 1.6e-2, in [4, 8) 3.1e-2. Measured on an H200 (vLLM 0.33.0, torch
+# at |x| in [2, 4) is 2^-6 = 1.6e-2, in [4, 8) 3.1e-2. Measured on an SM90 GPU (vLLM 0.33.0, torch
 # 2.11+cu130), 9 cases: the largest deviations are 1-2 ulps of the output, from bf16 inputs that
 # already differ by an ulp here and there (GEMM accumulation order, fused vs unfused norms). Each
 # entry says what it absorbs; none is global.
@@ -113,27 +113,26 @@ _MLP = Tolerance(1e-1, 3e-2, "routed (clamped SwiGLU, fp32 top-k weights) + shar
 
 # FP8 checkpoints. Production's block-FP8 GEMMs (every FP8 linear and the routed experts) quantize
 # their bf16 activation per token and group of 128 to e4m3 before the fp32 accumulation: each
-# element moves by up to 2^-4 relative (3 mantissa bits), and on an H200 with DeepGEMM
+# element moves by up to 2^-4 relative (3 mantissa bits), and on SM90 with DeepGEMM
 # (VLLM_USE_DEEP_GEMM_E8M0=1, the default) the group scales are rounded up to powers of two and
 # fp32-scale weights are re-quantized once to UE8M0 blocks (another 2^-4 per weight element; see
 # production/verdict/fp8_emulation.py). The reference runs on the exact dequantized checkpoint, so
 # these roundings are production's only. Components before the first FP8 GEMM (embed, enorm,
 # hnorm, eh_proj) keep the bf16 entries.
 #
-# CPU-estimated, then checked on an H200: atol = 2x the max |d| vs EXACT (for indexer.q_deq: 2x
+# CPU-estimated, then checked on the GPU: atol = 2x the max |d| vs EXACT (for indexer.q_deq: 2x
 # the atol needed at rtol 0.13; for indexer.scores: 2x the largest score gap of a swapped top-k
 # member) seen by
 #     python -m harness.production.verdict.fp8_emulation --extra-seeds 6
 # i.e. the reference with PRODUCTION numerics + that activation quantization (+ the UE8M0 weight
 # re-quantization), in 3 variants (deepgemm-e8m0: pow2 activation scales + re-quantized weights,
-# the H200 default at M >= 32; requant-fp32-act: FlashInfer at M < 32; fp32-scales), over the FP8
+# the SM90 default at M >= 32; requant-fp32-act: FlashInfer at M < 32; fp32-scales), over the FP8
 # case and 6 more seeds, judged like a production trace against EXACT. rtol as for bf16. In
 # brackets: the emulated max |d| (the quantity doubled), max over cases, seeds and variants.
 # "fp8": float32 weight_scale_inv (re-quantized to UE8M0 blocks by DeepGEMM's post-processing);
 # "fp8-ue8m0": power-of-two (UE8M0) scales, no re-quantization.
-# MEASURED (H200, vLLM 0.33.0, torch 2.11.0+cu130, 2026-12-01, pytest -m gpu,
-# tiny-k2-fp8-split-long / tiny-k2-fp8-ue8m0-fused-scale-long, 2 x 160 tokens, 2 steps;
-# reports/h200-2026-12-01/call6-gpu_side_by_side.jsonl.gz): both pass. Measured max |d| / atol
+# MEASURED (SM90, vLLM 0.33.0, torch 2.11.0+cu130, pytest -m gpu, tiny-k2-fp8-split-long /
+# tiny-k2-fp8-ue8m0-fused-scale-long, 2 x 160 tokens, 2 steps; the run: reports/STATUS.md): both pass. Measured max |d| / atol
 # per FP8-widened component, fp8 | ue8m0: attn.q_c .41|.45, attn.kv_c .47|.47, attn.q .53|.42,
 # attn.k_pe .48|.45, attn.core .36|.33, attn.out .36|.35, router_logits .34|.50, topk_weights
 # .43|.34, moe.shared .54|.39, mlp.out .40|.44, final_norm .38|.48, logits .38|.36; indexer.q_deq

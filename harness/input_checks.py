@@ -3,7 +3,7 @@
 One checker for every command: output paths (a file or a directory: empty, a directory where
 a file is wanted, a device node / FIFO / socket, a folder that is a file, a name too long, a
 folder not writable), bounded integer flags, the checkpoint argument, and the environment
-variables the README documents. Each check raises ``CLIError`` with one line naming the flag
+variables ``harness/env_vars.py`` documents. Each check raises ``CLIError`` with one line naming the flag
 or variable. Imports no torch (each check is a ``stat`` or a comparison).
 """
 
@@ -182,7 +182,7 @@ def checkpoint(value) -> None:
         _stat(f"CKPT_DIR {value}", str(value))  # a name too long, a loop of links, no permission
 
 
-# ---- the environment variables the README documents ------------------------------------------------
+# ---- the environment variables harness/env_vars.py documents -------------------------------
 
 def _env_dir(name: str, value: str) -> None:
     output_dir(f"${name}", value)

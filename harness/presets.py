@@ -1,13 +1,13 @@
 """Synthetic HY V4 configs sized to run on vLLM 0.33's SM90 kernels.
 
-Kernel constraints (checked by ``check_kernel_constraints``; measured on an
-H200 with vLLM 0.33.0, see ../shared/gpu-host/README.md):
+Kernel constraints (checked by ``check_kernel_constraints``; found by running vLLM 0.33.0 on
+an SM90 GPU):
 - sparse MLA (FlashMLA sparse) needs head size 576 = kv_lora_rank 512 +
   qk_rope_head_dim 64;
 - DeepGEMM's indexer logits kernel needs index_n_heads 32 or 64;
 - FlashMLA sparse uses KV cache block size 64 (a runner setting, not config);
 - FlashMLA sparse needs index_topk to be a multiple of 128 (top-k rows are
-  converted to cache slots in blocks of 128; 128, 256, 512 ran on an H200);
+  converted to cache slots in blocks of 128; 128, 256 and 512 were run);
 - FP8 block quantization needs every quantized dimension to be a multiple of
   the 128 block (a Fp8LinearMethod check on the partition sizes).
 """
@@ -94,7 +94,7 @@ def check_kernel_constraints(cfg: MTPConfig, quantized: bool = False, tp: int = 
             f"(got {cfg.kv_lora_rank} + {cfg.qk_rope_head_dim})")
     if cfg.attention_sparse and cfg.index_topk % 128:
         # FlashMLA sparse maps top-k rows to cache slots in blocks of 128
-        # (sparse_utils.triton_convert_req_index_to_global_index); measured on an H200.
+        # (sparse_utils.triton_convert_req_index_to_global_index).
         problems.append(f"FlashMLA sparse needs index_topk % 128 == 0 (got {cfg.index_topk})")
     if cfg.attention_sparse and cfg.index_n_heads not in (32, 64):
         problems.append(f"DeepGEMM's indexer logits kernel needs index_n_heads 32 or 64 (got {cfg.index_n_heads})")

@@ -53,7 +53,7 @@ class Regime:
 ROUTING_TIE_MARGIN = 2 * 0.25 * 4e-2
 
 REGIMES: dict[str, Regime] = {
-    "routed_clamp_frac": Regime(0.05, "issue 12: a clamp-off bug passed where no activation reached "
+    "routed_clamp_frac": Regime(0.05, "a clamp-off bug passes where no activation reaches "
                                 "swiglu_limit; at >= 5 % clamped elements (L = 1.5 in tiny) removing the "
                                 "clamp moves mlp.out by > 10x its tolerance (measured on CPU)"),
     "routed_clamp_gate_frac": Regime(None, "the gate clamp (upper side only) alone"),

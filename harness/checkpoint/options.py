@@ -12,7 +12,7 @@ import argparse
 NAMINGS = ("mtp_layers", "layers")
 EXPERT_LAYOUTS = ("split", "fused")
 QUANTS = ("bf16", "fp8", "fp8-ue8m0", "modelopt-fp8-pb")
-# quant -> the quantization_config it writes (README "Quantization configs")
+# quant -> the quantization_config it writes (README "Real checkpoints and quantization configs")
 QUANT_FORMATS = {
     "bf16": "mtp_quant_algo BF16, no quantization_config",
     "fp8": "mtp_quant_algo FP8 + Fp8Config (quant_method fp8, 128x128 blocks, modules_to_not_convert)",
@@ -28,15 +28,16 @@ PRESET_NAMES = ("tiny", "small", "real-dims")
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", metavar="OUT_DIR", help="checkpoint directory to create")
-    parser.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
+    parser.add_argument("--preset", choices=PRESET_NAMES, default="tiny", help="model dimensions (harness.presets)")
     parser.add_argument("--experts", choices=EXPERT_LAYOUTS, default="split",
                         help="routed experts one tensor per expert (split) or stacked (fused)")
-    parser.add_argument("--quant", choices=QUANTS, default="bf16")
+    parser.add_argument("--quant", choices=QUANTS, default="bf16",
+                        help="checkpoint quantization (the config each writes: README, quantization configs)")
     parser.add_argument("--naming", choices=NAMINGS, default="mtp_layers",
                         help="model.mtp_layers.<i> or model.layers.<num_hidden_layers+i>")
     parser.add_argument("--mtp-layers", type=int, default=1, help="num_nextn_predict_layers")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights")
+    parser.add_argument("--shards", type=int, default=1, help="safetensors files to split the tensors over")
     parser.add_argument("--no-index", action="store_true",
                         help="write one model.safetensors and no index (needs --shards 1)")
     parser.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocab_size")

@@ -22,7 +22,7 @@ JIT_CACHE_LAYOUT = {
     "PYTHONPYCACHEPREFIX": "pycache",          # Python bytecode of torch / vLLM / FlashInfer (below)
     "HYV4_PACKAGE_MAP_CACHE": "python-metadata",  # importlib.metadata.packages_distributions() (below)
 }
-# Python bytecode is a JIT layer too: the lent H200 hosts set PYTHONDONTWRITEBYTECODE and ship
+# Python bytecode is a JIT layer too: some GPU hosts set PYTHONDONTWRITEBYTECODE and ship
 # torch without .pyc files, so every process re-compiled the sources of torch, transformers and
 # vLLM (measured there: `import torch, transformers.modeling_utils` 11-14 s each time, 4.2-5.0 s
 # with a bytecode cache; cProfile of a warm `harness main`: 14.3 s in `compile`). With a cache
@@ -79,8 +79,8 @@ def _write_bytecode_under(prefix: str) -> None:
 
 # transformers calls ``importlib.metadata.packages_distributions()`` when it is imported. That reads
 # the RECORD of every installed distribution without a top_level.txt and stats each file listed
-# there: 3.05 s of import self time in a warm `harness main` on an H200 host (lease 2026-12-02e,
-# `-X importtime`; 34k stat calls in its cProfile), in every process that imports vLLM. Its
+# there (measured: 3.05 s of import self time in a warm `harness main`, `-X importtime`; 34k stat
+# calls in its cProfile), in every process that imports vLLM. Its
 # answer depends only on the installed distributions, so it is kept under the cache root, keyed
 # by the Python, ``sys.path`` and each path entry's distribution directories with their mtimes
 # (an install, upgrade or removal changes the key), and recomputed on any change.
@@ -143,10 +143,10 @@ def memoize_packages_distributions(directory: str) -> None:
 
 
 # A cold bytecode layer (a fresh host) is filled by the first process, one module at a time as
-# it imports: lease 2026-12-02c's cold `harness main` spent 42 s before vLLM's first log line
-# (9.5 s warm). Where the host has the cores, ``precompile_bytecode`` compiles these packages'
+# it imports (measured: a cold `harness main` spent 42 s before vLLM's first log line, 9.5 s
+# warm). Where the host has the cores, ``precompile_bytecode`` compiles these packages'
 # sources all at once instead (``compileall``, one process per core), before they are imported.
-# Lease 2026-12-02d: torch, vLLM and transformers in 4.2-5.2 s; `import vllm.models.hy_v4` (what
+# Measured: torch, vLLM and transformers in 4.2-5.2 s; `import vllm.models.hy_v4` (what
 # vLLM's model-class inspection subprocesses import, several at once on a cold host) then still
 # spent over 0.5 s each compiling sympy, scipy, pandas, networkx, openai, torchvision and numpy
 # (`-X importtime` with an empty layer: 33 s of import self time, 15.5 s of it the first three).

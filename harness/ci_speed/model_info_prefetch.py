@@ -4,7 +4,7 @@ Building a ``VllmConfig`` makes vLLM's model registry inspect the class of each 
 it resolves (the target ``HYV4ForCausalLM``, then the draft ``HYV4MTPModel``). With nothing in
 ``$VLLM_CACHE_ROOT/modelinfos`` yet, vLLM does each in a fresh Python subprocess that imports
 torch and vLLM again, one after the other, on the critical path: a cold ``harness main``
-(lease 2026-12-02d) spent 19.9 s and 15.3 s there, against 0.02 s and 1.2 s once vLLM had
+spent 19.9 s and 15.3 s there (measured), against 0.02 s and 1.2 s once vLLM had
 cached them. ``start`` has vLLM run those same inspections (its
 ``ModelRegistry._try_inspect_model_cls``, without the subprocess hop: ``_inspect``) in a
 background process while this one imports and builds its inputs; ``wait`` joins it before the
@@ -170,8 +170,8 @@ def _inspect(key: str) -> int:
 
     vLLM runs ``from_model_cls`` in a fresh subprocess only so that the *serving* process never
     initialises CUDA; that second interpreter importing torch and vLLM again is what made the
-    inspection slow (lease 2026-12-02d: this process spent 40.8 s when it went through vLLM's
-    two subprocesses at once). This throwaway process may initialise anything, so the hop is
+    inspection slow (measured: this process spent 40.8 s when it went through vLLM's two
+    subprocesses at once). This throwaway process may initialise anything, so the hop is
     skipped here (``inspect_in_this_process``); where this vLLM lacks the hook, its subprocess
     runs as before."""
     from vllm.model_executor.models import registry

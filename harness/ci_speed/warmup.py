@@ -22,12 +22,12 @@ kept cache pays seconds, not the ~100 s of re-running every case.
 ``--lanes N`` (.ci/gpu-tier: 4) runs the first bf16 case alone (it compiles the kernels
 every case shares), then the rest in up to N processes at once, one per kernel family:
 the FP8 checkpoints (FlashInfer's FP8 block GEMM, the longest compile), the engine,
-real dims, the other bf16 cases; measured serially on a fresh H200 they took 179, 134,
-75 and ~70 s after the first case's 84 s. With lanes, each kernel a library can build alone
+real dims, the other bf16 cases (measured serially on a fresh host: 179, 134,
+75 and ~70 s after the first case's 84 s, hence lanes). With lanes, each kernel a library can build alone
 (``PREFETCH``: FlashInfer's FP8 block GEMM, 146-184 s of nvcc; its sampler, ~117 s of the
 engine's start; its rope, most of the yarn case) starts beside the first case instead of
-after it; the lane that needs it waits on FlashInfer's build lock. (Lanes measured
-on a fresh H200 before the prefetch: 291 s, the first case 79 s then the FP8 lane 184 s.)
+after it; the lane that needs it waits on FlashInfer's build lock (without the prefetch the
+FP8 lane's compile followed the first case's instead of overlapping it: measured 79 s + 184 s).
 The cache root holds Python's bytecode too (``ROOT/pycache``; not packed).
 FlashInfer's precompiled kernels (``vllm download-kernels``: ``flashinfer-cubin`` /
 ``flashinfer-jit-cache`` 0.7.2.post1, the version vLLM 0.33 pins) are published only
@@ -195,8 +195,8 @@ def plan_lanes(cases: list[str], engine: str | None, lanes: int) -> tuple[str | 
 # name -> (whether the steps to warm need it: a predicate on (GpuCases, engine wanted), the
 # child's code). The child first asks vLLM, where vLLM has a predicate for it, whether it
 # would use the kernel on this GPU, and exits 0 having built nothing when not.
-# Measured on a fresh H200 (the 2026-12-01 serial warmup log): FlashInfer's JIT modules were
-# the long single compiles of the whole warmup, each inside one step.
+# Why these: in a serial warmup on a fresh host FlashInfer's JIT modules are the long single
+# compiles of the whole warmup, each inside one step.
 _PREFETCH_HEAD = ("import glob, sys\n"  # no NVIDIA device node: said before importing torch (~4 s of CPU)
                   f"if not glob.glob({GPU_DEVICE_GLOB!r}):\n"
                   "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n"
@@ -326,7 +326,7 @@ def _run_waves(jobs: list[list[dict]], tmp: str, steps: list, log) -> None:
             n += 1
             report, out = os.path.join(tmp, f"lane{n}.json"), os.path.join(tmp, f"lane{n}.log")
             # an engine beside other lanes gets a fixed KV size: vLLM's memory profiling fails
-            # when another lane frees GPU memory meanwhile (seen on an H200 with vLLM 0.34.0)
+            # when another lane frees GPU memory meanwhile (seen with vLLM 0.34.0)
             env = engine_env(bool(lane["engine"]) and len(wave) > 1)
             with open(out, "w") as f:
                 proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
@@ -411,7 +411,7 @@ def run(args, log=print) -> dict:
 
 # Not packed: Python's bytecode (ROOT/pycache) is keyed by each source's path on this host, is
 # rebuilt by the next host's first process in seconds, and is the largest layer (~70 MiB for
-# torch and transformers alone on the H200 host). Likewise the package map (ROOT/python-metadata,
+# torch and transformers alone). Likewise the package map (ROOT/python-metadata,
 # keyed by this host's sys.path), which the next host's first import recomputes.
 NOT_PACKED = {BYTECODE_VAR, PACKAGE_MAP_VAR}
 

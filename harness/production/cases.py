@@ -113,7 +113,7 @@ def _case_from_dict(d: dict) -> GpuCase:
 
 _MTP0_GATE = ("model.layers.2.mtp_block.self_attn.linear_gate",)
 
-# Kept small enough for one H200 call; R <= 3 so no length-1 request lands
+# Kept small enough for one GPU call of a few minutes; R <= 3 so no length-1 request lands
 # behind a longer one (vLLM's builders expect decode-like requests first).
 GPU_CASES: dict[str, GpuCase] = {c.id: c for c in (
     GpuCase("tiny-k1", steps=1, seed=1),

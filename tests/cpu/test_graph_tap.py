@@ -223,7 +223,7 @@ def test_the_bookkeeping_pairs_the_seams_target_side_with_either_tap():
     """The target side from ``propose``'s arguments, checked against draft calls keyed like the
     seams (state rows) or like the eager re-run's per-forward tap (first KV block): no finding
     when ``target_calls`` is given the calls' keys, a 'batch' finding when it is not (the pairing
-    the H200 runs got wrong)."""
+    earlier GPU runs got wrong)."""
     from harness.production.engine import bookkeeping
 
     gen = torch.Generator().manual_seed(2)

@@ -1,6 +1,6 @@
 """The production-golden check on CPU with fabricated traces: a one-ulp bf16
 change is visible, another platform is 'no golden', an fp32 jitter is not; the
-golden stores every component the side by side compares (issue 12, item 4), so
+golden stores every component the side by side compares, so
 the first divergence names the cause; older goldens are reported, not crashed on."""
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def test_long_steps_keep_capped_rows_and_the_goldens_fit(tmp_path, monkeypatch):
 
 
 def test_a_golden_recorded_before_the_new_components_is_reported_not_crashed_on(tmp_path, monkeypatch, k3share):
-    """The goldens of 2026-12-01 hold 13 components at every row: the check judges those and says
+    """The first goldens (format 1) hold 13 components at every row: the check judges those and says
     which components the golden predates."""
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     old = ("eh_proj", "attn.kv_c", "indexer.topk", "attn.topk", "attn.core", "attn.out", "moe.router_logits",

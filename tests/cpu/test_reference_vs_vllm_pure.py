@@ -34,7 +34,7 @@ def test_rope_matches_vllm(kind):
 _YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024}
 _DSY = dict(_YARN, rope_type="deepseek_yarn")
 
-# The readings that once differed (issue 14), pinned: each moves q / k_pe by
+# The readings that once differed between the reference and vLLM, pinned: each moves q / k_pe by
 # 8-100 % when read another way.
 READINGS = {
     "yarn-attention_factor": {"rope_parameters": dict(_YARN, attention_factor=1.3)},

@@ -1,4 +1,4 @@
-"""Regime coverage (issue 12, item 3): the default bisect cases exercise every regime of
+"""Regime coverage: the default bisect cases exercise every regime of
 harness/regimes.py above its threshold, the probes leave the reference's outputs unchanged, and a
 planted clamp-off bug fails the side by side of the clamp case at mlp.out."""
 

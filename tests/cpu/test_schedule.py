@@ -64,8 +64,8 @@ def test_spread_is_a_permutation_that_balances_the_slices(costs, n):
 
 def test_the_measured_tier_no_longer_starts_the_engine_tests_on_one_worker():
     """The measured tier (durations.json): in collection order the engine tests share worker 0's
-    slice (~200 s of the 194 s wall in the run of 2026-12-02; ~138 s against 67 s balanced in the
-    run of 2026-12-02b; 95.0 s against 61.6 s in 2026-12-02e's, whose engine tests took 19-25 s);
+    slice (measured in three runs: ~200 s of a 194 s wall; ~138 s against 67 s balanced; 95.0 s
+    against 61.6 s where the engine tests took 19-25 s);
     spread over 6 workers no slice holds more than the longest test plus the balanced share, and
     the busiest slice is well below collection order's."""
     d = load_durations(str(ROOT / "tests/gpu/durations.json"))
@@ -151,7 +151,8 @@ def test_a_worker_learns_the_controllers_dist_mode_from_its_workerinput():
     """On a worker, xdist resets ``config.option.dist`` to "no" (the installed xdist's own
     ``setup_config``), so the reorder hook cannot read the mode there: the speed plugin's
     ``pytest_configure_node`` (run by the controller for each worker it starts) puts it in the
-    worker's input. Lease 2026-12-02b's timeline showed the tier in collection order before."""
+    worker's input. Without it a GPU run's timeline showed the tier in collection order."""
+    import importlib.util
     import types
 
     from xdist.remote import setup_config

@@ -99,7 +99,7 @@ def test_a_verify_step_after_the_request_finished_is_left_out_as_vllm_does():
 
 
 def test_the_h200_recording_gives_vllms_own_counts():
-    """The verify steps of engine-accept-k3-share's H200 recording (K = 3, max_tokens 32): over
+    """The verify steps of engine-accept-k3-share's GPU recording (K = 3, max_tokens 32): over
     every verify step the harness had 27/27, 0/93, 16/51, 23/36; vLLM's per-request counters
     said 24/24, 0/93, 15/48, 21/33 -- one step fewer for every request that finished with drafts
     accepted. vLLM's definition applied to the recording gives vLLM's numbers."""

@@ -145,7 +145,7 @@ def test_gc_deferral_is_the_program_start_only(monkeypatch):
 
 
 def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path):
-    """A host with PYTHONDONTWRITEBYTECODE (the lent H200s) still caches bytecode once a cache
+    """A host with PYTHONDONTWRITEBYTECODE (as some GPU hosts set) still caches bytecode once a cache
     root is applied: in the process that applied it and in the processes it starts."""
     src = tmp_path / "src"
     src.mkdir()
@@ -176,7 +176,7 @@ def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path)
 def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, argv):
     """Every documented entry point applies $HYV4_JIT_CACHE before torch is first imported: a
     module imported before ``sys.pycache_prefix`` is set is compiled from source on every run
-    (on the H200s, which set PYTHONDONTWRITEBYTECODE and ship torch without .pyc files, that was
+    (on a host that sets PYTHONDONTWRITEBYTECODE and ships torch without .pyc files, that was
     ~1200 torch modules per ``python -m harness main``). The child stops at torch's import."""
     argv = [a.format(tmp=tmp_path) for a in argv]
     pkg = tmp_path / "src" / "stand_in_pkg"  # stands for torch / vLLM / transformers in the precompile
@@ -227,7 +227,7 @@ def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
     (layer / jit_cache.PRECOMPILED).write_text(json.dumps({str(pkg): "another Python"}))
     assert jit_cache.precompile_bytecode(("stand_in_pkg",), min_cpus=1) == [str(pkg)]
     # Python 3.12 gives Path search locations for a pathlib.Path on sys.path (3.11 ignores such an
-    # entry): the marker still records strings (an H200 tier run failed on json.dump of a PosixPath)
+    # entry): the marker still records strings (a GPU tier run failed on json.dump of a PosixPath)
     import importlib.machinery
     import importlib.util
     spec = importlib.machinery.ModuleSpec("stand_in_pkg", None, is_package=True)
@@ -299,7 +299,7 @@ def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, mon
         assert kw["gpu_memory_utilization"] == 0.3
     else:
         assert kw["kv_cache_memory_bytes"] == int(float(gib) * 2**30)
-        # only vLLM's start-up free-memory check reads it then: 14 GiB of an H200, not 42
+        # only vLLM's start-up free-memory check reads it then: 14 GiB of a 141 GiB GPU, not 42
         assert kw["gpu_memory_utilization"] == 0.1
     EngineArgs(**kw)  # the dataclass takes them as given (no engine is built)
 

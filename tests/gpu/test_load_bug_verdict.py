@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=f"
 
 
 def test_dropped_expert_bias_exits_1_naming_it(monkeypatch, capsys):
-    """(H200, 2026-12-01: exit 1; the line was then checked for the checkpoint's name
-    ``e_score_correction_bias`` instead of vLLM's parameter name: fixed, not re-run there.)"""
+    """A dropped expert bias must exit 1 with the one line naming vLLM's parameter (not the
+    checkpoint's name ``e_score_correction_bias``)."""
     from vllm.models.hy_v4.nvidia.mtp import HYV4MTP
 
     from harness.cli import main

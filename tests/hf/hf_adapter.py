@@ -39,8 +39,8 @@ from reference.numerics import EXACT
 
 transformers.logging.set_verbosity_error()  # tiny configs: token ids outside the vocabulary etc.
 
-# name -> what it aligns (HF 5.23 behaviour vs vLLM 0.33 behaviour). The README's
-# table of HF-vs-vLLM differences lists the same entries.
+# name -> what it aligns (HF 5.23 behaviour vs vLLM 0.33 behaviour). The table
+# of HF-vs-vLLM differences in tests/hf/README.md lists the same entries.
 ALIGNMENTS = {
     "float64": "HF forces float32 in HYV4RMSNorm (x.to(float32)), the RoPE table (inv_freq, angles), "
                "the indexer scores and weights (.float()) and the router (.type(float32)): inside "

@@ -1,4 +1,4 @@
-"""Outside cross-check (issue 14 item 4): HF transformers 5.23's ``hy_v4`` components against
+"""Outside cross-check: HF transformers 5.23's ``hy_v4`` components against
 the float64 reference, on identical weights, every convention difference aligned in
 ``hf_adapter`` (one named alignment each), everything else to float64 rounding.
 
@@ -6,7 +6,7 @@ Runs in its own environment (transformers 5.23, no vLLM):
     tox -e hf      or      HYV4_REQUIREMENTS=requirements/hf.txt ./with-env python -m pytest -m hf tests/hf
 In the default environment (vLLM 0.33 pins transformers 5.20.2) every test here is skipped
 before transformers is imported (HYV4_HF_ANY_VERSION=1 runs them there too: 5.20.2 ships a
-``hy_v4`` with the same math, see the README).
+``hy_v4`` with the same math, see tests/hf/README.md).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ try:
 except importlib.metadata.PackageNotFoundError:
     pytest.skip(f"HF cross-check: transformers is not installed; {HOW}", allow_module_level=True)
 # The cross-check's target is the pin of requirements/hf.txt. The default env's transformers
-# (5.20.2, pinned by vLLM 0.33) has hy_v4 too, with the same math (see the README), but is
+# (5.20.2, pinned by vLLM 0.33) has hy_v4 too, with the same math (see tests/hf/README.md), but is
 # skipped here (without importing it) so the default CPU tier stays as fast as it was;
 # HYV4_HF_ANY_VERSION=1 runs these tests on whatever transformers has hy_v4.
 if Version(_TRANSFORMERS) < Version("5.23") and os.environ.get("HYV4_HF_ANY_VERSION", "") in ("", "0"):
@@ -253,7 +253,7 @@ def test_float64_alignment_removes_only_float32_rounding():
     assert max(diffs.values()) > 1e-9
 
 
-# ---- the README's open questions and HF-vs-vLLM differences, as asserted facts ---------------
+# ---- the HF-vs-vLLM differences of tests/hf/README.md, as asserted facts ---------------
 
 def _hf_attention(cfg: MTPConfig, layer_type: str, sink: float):
     config = A.hf_config(cfg, context=8)

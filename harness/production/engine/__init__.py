@@ -1,4 +1,4 @@
-"""The engine path (DESIGN.md option 1): ``vllm.LLM`` with vLLM's own MTP speculator, every draft
+"""The engine path: ``vllm.LLM`` with vLLM's own MTP speculator, every draft
 forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
 
     cases.py               the engine cases (torch-free: case ids are checked before anything heavy)

@@ -68,7 +68,7 @@ ENGINE_CASES: dict[str, EngineCase] = {c.id: c for c in (
     EngineCase("engine-accept-k2-two-layers", overrides=_ACCEPT + (("num_nextn_predict_layers", 2),), seed=34,
                num_speculative_tokens=2, target="acceptance", patterns=("accept", "reject", "alternate"),
                prompt_lens=(180, 50, 90),
-               # (reject: 4 of 54 drafts accepted on the H200, reference agreeing: the draft's
+               # (reject: measured 4 of 54 drafts accepted, reference agreeing: the draft's
                # attention/MoE occasionally lands a disagree token on the right code)
                expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75))),
     # two MTP layers with index sharing: the speculator vLLM picks for it differs by release

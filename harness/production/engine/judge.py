@@ -299,7 +299,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
 
 def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: str | None = None) -> dict:
     """One engine of ``case`` for a pristine run, then per mutant a planted run and a pristine
-    run again (the restore checked by the engine's own verdict): ~4 s per run on an H200
+    run again (the restore checked by the engine's own verdict): measured ~4 s per run
     instead of ~40 s per engine process. A mutant is caught when its run fails with the
     mutant's quantity named first. Recordings are not kept (a failing run keeps its problems)."""
     from harness.production.engine.speculator_mutants import MUTANTS, planted

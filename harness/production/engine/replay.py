@@ -16,8 +16,8 @@ request has all its scheduled rows (1 + K for a decode), *including the rejected
 draft slots*. ``prepare_prefill_inputs`` (target_dependent_ar/speculator.py,
 ``_prepare_prefill_inputs_kernel``) sets ``query_len -= num_rejected`` and writes
 input ids / positions only for the first ``query_len`` rows; the rejected rows keep
-whatever the draft input buffers held (stale ids and positions, seen in the first H200
-run as positions like 3 next to 200) and ``last_token_indices[r] = query_start +
+whatever the draft input buffers held (stale ids and positions: seen on the GPU as positions
+like 3 next to 200) and ``last_token_indices[r] = query_start +
 query_len - 1`` is the row sampled (the last *accepted* row, not the last row).
 Rejected rows still run and write KV at the target's slots (positions after the
 sampled one), with garbage content. The replay therefore takes step 0's valid rows

@@ -9,7 +9,7 @@ Each run also saves its recording under --out (``engine_calls_<case>.safetensors
 ``.json``: every tensor the replay needs, the calls' metadata, the load audit), so
 ``--rejudge`` can replay and judge it offline.
 
-DESIGN.md's "engine capture and replay". What runs (vLLM 0.33.0, all in this process,
+Engine capture and replay. What runs (vLLM 0.33.0, all in this process,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
 
 1. ``vllm.LLM`` builds a tiny synthetic HY V4 target (``HYV4ForCausalLM``, dummy
@@ -80,7 +80,7 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
         # process on the same GPU (a parallel test worker) frees memory meanwhile
         kw["kv_cache_memory_bytes"] = int(float(gib) * (1 << 30))
     # with a fixed KV size, gpu_memory_utilization only sets vLLM's start-up check "free
-    # memory >= utilization x total": 0.3 of an H200 is 42 GiB, more than is free while
+    # memory >= utilization x total": 0.3 of a 141 GiB GPU is 42 GiB, more than is free while
     # five other workers hold their models; 0.1 (14 GiB) still covers weights + 4 GiB KV
     util = min(case.gpu_memory_utilization, 0.1) if gib else case.gpu_memory_utilization
     from harness.production import vllm_compat

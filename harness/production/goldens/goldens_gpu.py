@@ -37,8 +37,8 @@ KIND = "production"
 # the default bisect set, every case of it (one list: harness.production.cases.BISECT_CASES)
 GOLDEN_CASES = BISECT_CASES
 # Every component the side by side compares (the registry's PRODUCTION_COMPONENTS), so
-# the first divergent component of a golden check names the cause (issue 12: a k_norm LayerNorm
-# no longer in fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's
+# the first divergent component of a golden check names the cause (a k_norm LayerNorm no longer in
+# fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's
 # q_scale / q_deq / head_weights are derived from the captured q_fp8, indexer.kw and folded
 # weights exactly as the side by side derives them (harness.production.verdict.judge.derive_indexer).
 STORED = PRODUCTION_COMPONENTS
@@ -52,7 +52,7 @@ ROW_CAP = 64
 ROWS = "golden_rows"
 # indexer.q_deq = q_fp8 * q_scale is stored as the e4m3 values (1 byte each) and rebuilt exactly.
 Q_FP8 = "indexer.q_fp8"
-FORMAT = 2  # 1: 13 components, all rows (recorded 2026-12-01); 2: STORED, rows capped
+FORMAT = 2  # 1: 13 components, all rows (the first goldens); 2: STORED, rows capped
 # Same platform, same inputs: the kernels should reproduce themselves. bf16
 # values: any change is >= 1 ulp = 2^-8 relative, so rtol 2^-10 flags it;
 # fp32 values (router logits, logits, top-k weights, indexer head weights and q
@@ -69,7 +69,7 @@ TIGHT = {
 # 16 of the operand's 24 bits, an error up to 2^-16 of sum |w x| per logit. A golden of one
 # platform must accept either (which one runs depends on the batch and the release, not on a
 # bug), so router logits, and the top-k weights derived from them, are judged at 2^-16 of the
-# step's largest |value|: ~50x the bf16x3 change measured between two vLLM releases on one H200,
+# step's largest |value|: ~50x the bf16x3 change measured between two vLLM releases on one GPU,
 # and 2^-7 below a bf16 rounding of the logits or of the router weights, which still fail.
 ROUTER_GEMM = ("moe.router_logits", "moe.topk_weights")
 ROUTER_GEMM_RTOL = 2.0**-16
@@ -77,9 +77,9 @@ ROUTER_GEMM_WHY = ("fp32 router GEMM as vLLM's SM90 path runs it: F.linear or bf
                    "product): 2^-16 of the step's largest |value|")
 
 
-# Measured on an H200 (vLLM 0.33.0, torch 2.11+cu130): two runs of
-# tiny-k2-long differ in a few of 317 step-0 rows (1 row on 2026-11-30, 4 rows
-# on 2026-12-01), all queries with a context longer than index_topk:
+# Measured (vLLM 0.33.0, torch 2.11+cu130): two runs of tiny-k2-long on one GPU
+# differ in a few of 317 step-0 rows (1 to 4 rows), all queries with a context
+# longer than index_topk:
 # attn.core by one bf16 ulp, propagated through that row's o_proj, router
 # logits and MLP, with equal top-k sets. The likely cause is the order in which
 # FlashMLA sparse sums the selected keys (the top-k kernel's output order is not

@@ -54,12 +54,12 @@ def mismatch(stored: dict, now: dict) -> tuple[str, object, object] | None:
 
 
 def describe(key: dict) -> str:
-    """``gpu=NVIDIA H200, capability=9.0, torch=2.11.0+cu130, cuda=13.0`` (the fields present)."""
+    """``gpu=<device name>, capability=9.0, torch=2.11.0+cu130, cuda=13.0`` (the fields present)."""
     return ", ".join(f"{f}={key[f]}" for f in KEY_FIELDS if f in key)
 
 
 def describe_vllm(info: dict | None) -> str:
-    """``vLLM 0.33.0 (g4ba787ec9)``, or ``vLLM unknown`` for a stamp that does not say."""
+    """``vLLM 0.33.0 (g<commit>)``, or ``vLLM unknown`` for a stamp that does not say."""
     info = info or {}
     commit = info.get("vllm_commit")
     return f"vLLM {info.get('vllm') or 'unknown'}" + (f" ({commit})" if commit else "")

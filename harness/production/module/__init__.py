@@ -1,4 +1,4 @@
-"""The module-level path (DESIGN.md "two ways", option 2): vLLM's ``HYV4MTP`` built, loaded, hooked
+"""The module-level path: vLLM's ``HYV4MTP`` built, loaded, hooked
 and run the way the MTP proposer runs it, one case at a time (GPU).
 
     vllm_config.py      ``VllmConfig`` via ``EngineArgs`` from a synthetic HF dict

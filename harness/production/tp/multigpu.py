@@ -284,7 +284,7 @@ def compare_tp(tpn: Verdict, tp1: Verdict, tols: dict, components: tuple):
     differ and only the draft tokens are compared there (exact where the logit
     margin decides). The bounds are the reference tables: each run is within
     them of the spec, and TP moves only the reduction order (per-rank partial
-    sums rounded to bf16 before the all-reduce, ~1 ulp at step 0 on the H200).
+    sums rounded to bf16 before the all-reduce, ~1 ulp at step 0).
     """
     from harness import compare
 

@@ -1,6 +1,6 @@
 """CPU emulation of vLLM's block-FP8 production path, to estimate FP8 tolerances.
 
-What vLLM 0.33 does on an H200 (SM90) for an FP8 MTP checkpoint (read off
+What vLLM 0.33 does on an SM90 GPU for an FP8 MTP checkpoint (read off
 ``Fp8LinearMethod``, ``kernels/linear/scaled_mm/deep_gemm.py``,
 ``utils/fp8_utils.py``, ``utils/deep_gemm.py``, ``fused_moe/oracle/fp8.py``):
 
@@ -54,7 +54,7 @@ GROUP = 128
 
 # (activation scales rounded up to powers of two, fp32-scale weights re-quantized to UE8M0)
 VARIANTS = {
-    "deepgemm-e8m0": (True, True),   # the H200 default (VLLM_USE_DEEP_GEMM_E8M0=1, DeepGEMM present)
+    "deepgemm-e8m0": (True, True),   # the SM90 default (VLLM_USE_DEEP_GEMM_E8M0=1, DeepGEMM present)
     # FlashInferFp8DeepGEMMDynamicBlockScaledKernel (picked first when flashinfer has the block-scale
     # GEMM): FlashInfer quantizes the activation itself for M < 32 (steps >= 1 here) over the weight
     # DeepGEMM's post-processing already re-quantized; emulated with float32 activation scales

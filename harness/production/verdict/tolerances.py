@@ -5,7 +5,7 @@ The numbers, with the rounding each absorbs and where they were measured, are th
 (``harness/components.py``: each component's ``tolerance`` per precision). Tables are keyed by
 checkpoint quantization: ``tolerances_for(quant)`` / ``tolerance(component, quant)``; "bf16" is
 ``GPU_VS_REFERENCE`` (measured), "fp8" / "fp8-ue8m0" widen the components downstream of FP8 GEMMs
-(CPU-estimated by ``fp8_emulation``, checked on an H200).
+(CPU-estimated by ``fp8_emulation``, then checked on the GPU).
 
 May import: ``harness.components``.
 """
