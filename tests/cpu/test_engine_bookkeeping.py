@@ -246,3 +246,29 @@ def test_sweep_flags_are_checked_first(argv, culprit, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and culprit in err[0], err
+
+
+def test_a_padded_draft_batch_is_trimmed_to_the_batch_requests(faithful):
+    """A drafter forced eager inside a CUDA-graph engine (the graph verdict's eager re-run) gets
+    the attention metadata of the batch padded to a capture size: one more request, no query
+    tokens at step 0. Recorded as is, the bookkeeping reads it as a different batch from the
+    target's (the finding a GPU run of the re-run gave); the tap records the input batch's
+    requests only (``taps.real_requests``), and the same run passes."""
+    from harness.production.engine.taps import real_requests
+
+    calls, targets, _ = faithful[3]
+    d0 = next(c for c in calls if c.draft_step == 0 and c.engine_step == 1)
+    n = d0.query_start_loc.numel() - 1
+    padded = dataclasses.replace(d0, query_start_loc=torch.cat([d0.query_start_loc, d0.query_start_loc[-1:]]),
+                                 request_keys=torch.cat([d0.request_keys, torch.zeros(1, dtype=torch.long)]))
+    book = check([padded if c is d0 else c for c in calls], targets, multi_module=False, num_layers=1,
+                 max_model_len=1024)
+    assert [f.what for f in book["findings"]] == ["batch"], [f.line() for f in book["findings"]]
+    keep = real_requests(n + 1, n)
+    trimmed = dataclasses.replace(padded, query_start_loc=padded.query_start_loc[: keep + 1],
+                                  request_keys=padded.request_keys[:keep])
+    book = check([trimmed if c is d0 else c for c in calls], targets, multi_module=False, num_layers=1,
+                 max_model_len=1024)
+    assert [f.line() for f in book["findings"]] == []
+    # no input batch known (a forward outside propose), or one no smaller: the metadata stands
+    assert real_requests(4, None) == 4 and real_requests(4, 4) == 4 and real_requests(4, 0) == 4

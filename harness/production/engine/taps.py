@@ -23,6 +23,23 @@ def _arg(args, kwargs, name, index):
     return args[index] if len(args) > index else None
 
 
+def real_requests(metadata_reqs: int, batch_reqs: int | None) -> int:
+    """The requests a draft forward's attention metadata holds that are the batch's own: in a
+    CUDA-graph engine vLLM pads the batch to a capture size, and a drafter forced eager still
+    gets the padded metadata (``num_reqs`` the capture size, the padded requests with no query
+    tokens at step 0); ``batch_reqs`` is the input batch's ``num_reqs`` (``propose``'s
+    argument), None where unknown (a forward outside ``propose``: no padding)."""
+    if batch_reqs is None or not 0 < batch_reqs < metadata_reqs:
+        return metadata_reqs
+    return batch_reqs
+
+
+def _batch_requests(args, kwargs) -> int | None:
+    ib = _arg(args, kwargs, "input_batch", 0)
+    n = getattr(ib, "num_reqs", None)
+    return int(n) if n is not None else None
+
+
 class DrafterTap(Guarded):
     """Hooks on the proposer and its ``HYV4MTP`` that record one ``DraftCall`` per draft forward."""
 
@@ -33,6 +50,7 @@ class DrafterTap(Guarded):
         self.proposals: list[dict] = []
         self.armed = False
         self.engine_step, self.draft_step, self.in_propose = -1, 0, False
+        self.batch_reqs: int | None = None  # the running propose's input batch: its real requests
         self._last_out: torch.Tensor | None = None
         # attention layer names of the MTP layers ("model.layers.<n>.self_attn.attn" in 0.33)
         self.mla_layer = {i: layer.mtp_block.self_attn.mla_attn.layer_name
@@ -69,6 +87,8 @@ class DrafterTap(Guarded):
             return self._orig_propose(*args, **kwargs)
         self.engine_step += 1
         self.draft_step, self.in_propose = 0, True
+        self.batch_reqs = None
+        self._guard("propose input batch", lambda: setattr(self, "batch_reqs", _batch_requests(args, kwargs)))
         try:
             out = self._orig_propose(*args, **kwargs)
         finally:
@@ -92,7 +112,7 @@ class DrafterTap(Guarded):
         spec = int(kwargs.get("spec_step_idx", 0) or 0)
         layer_idx = spec % len(self.mla_layer)
         mds, md = layer_metadata(self.mla_layer[layer_idx])
-        num_reqs = int(md.num_reqs)
+        num_reqs = real_requests(int(md.num_reqs), self.batch_reqs if self.in_propose else None)
         qsl = md.query_start_loc[: num_reqs + 1].long().cpu()
         t = int(qsl[-1])
         bt = getattr(md, "block_table", None)
@@ -105,7 +125,7 @@ class DrafterTap(Guarded):
             request_keys=bt[:num_reqs, 0].long().cpu(), spec_step_idx=spec,
             seq_lens=None if seq is None else seq[:num_reqs].long().cpu())
         call.notes = {"rows_fed": int(ids.shape[0]), "num_actual_tokens": int(getattr(md, "num_actual_tokens", -1)),
-                      "metadata": _describe(mds, self.layer_prefixes)}
+                      "padded_requests": int(md.num_reqs) - num_reqs, "metadata": _describe(mds, self.layer_prefixes)}
         lti = getattr(self.proposer, "last_token_indices", None)  # written by prepare_prefill_inputs
         if self.in_propose and torch.is_tensor(lti):  # steps >= 1 too: the multi-module proposer's rows
             call.last_token_indices = lti[:num_reqs].long().cpu().clone()
