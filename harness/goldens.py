@@ -210,6 +210,23 @@ class Checked:
         return bad.name if bad is not None else f"key set {rep.meta.get('key_set_differs')}"
 
     @property
+    def verdict(self):
+        """The golden judge's verdict as every judge gives it (``harness.verdict.Verdict``, kind
+        "golden"): rows from the component comparison, the message as its note. None when nothing
+        was judged (no golden applies here, or it was just recorded)."""
+        from harness.verdict import Verdict
+
+        rep = self.report
+        if rep is None:
+            return None
+        rows = [r.as_dict() for r in rep.results]
+        return Verdict(kind="golden", passed=self.passed, first_divergent=self.first_divergent, rows=rows,
+                       notes=[self.message], comparison=rep,
+                       details={"case": self.case_id, "golden": str(self.expected), "passed": None,
+                                "first_divergent": None, "rows": None,
+                                "obtained": None if self.obtained is None else str(self.obtained)})
+
+    @property
     def paths_line(self) -> str | None:
         """``expected PATH; obtained PATH`` after a mismatch, else None."""
         if self.report is None or self.passed:

@@ -1,7 +1,8 @@
 """``Verdict``: what a judge decides about one run, as one typed record.
 
 The module judge (``harness.production.verdict.judge.judge``) and the TP judge
-(``harness.production.tp.multigpu.run_case_tp``) return one; callers read its fields, never keys of
+(``harness.production.tp.multigpu.run_case_tp``) return one, and a golden check gives one
+(``harness.goldens.Checked.verdict``); callers read its fields, never keys of
 a dict. Its report, the JSON written to disk and compared across runs, is ``to_report()``: the same
 keys in the same order as the judge's dict before this record existed.
 
@@ -22,7 +23,8 @@ class Verdict:
     """One judged run. ``details`` holds the report's other keys in report order (the typed
     fields' keys sit there too, as placeholders, so the order survives)."""
 
-    # what was judged: "module" (one process, TP = 1), "tp" (TP = N against the reference and TP = 1)
+    # what was judged: "module" (one process, TP = 1), "tp" (TP = N against the reference and TP = 1),
+    # "golden" (a trace against its stored golden)
     kind: str
     # every compared component within its tolerance (TP: also TP = N against TP = 1)
     passed: bool

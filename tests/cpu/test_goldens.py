@@ -95,6 +95,12 @@ def test_a_changed_reference_is_caught_and_its_trace_written_beside_the_golden(c
     assert f"expected: {expected}" in checked.message and f"obtained: {obtained}" in checked.message
     assert "first divergent step0.moe.topk_weights" in checked.message
     assert checked.paths_line == f"expected {expected}; obtained {obtained}"
+    v = checked.verdict  # the one verdict record every judge gives
+    assert v.kind == "golden" and not v.passed and v.first_divergent == "step0.moe.topk_weights"
+    assert [r["name"] for r in v.rows] == [r.name for r in checked.report.results]
+    assert v.to_report() == {"case": CASE, "golden": str(expected), "passed": False,
+                             "first_divergent": "step0.moe.topk_weights", "rows": v.rows,
+                             "obtained": str(obtained)}
     assert {p.name: p.read_bytes() for p in copied.rglob("*") if p.is_file() and p != obtained} == before
     assert not [p for p in obtained.parent.iterdir() if p.name.startswith(".")]  # no temp file left
     got = load_file(str(obtained))
@@ -116,6 +122,7 @@ def test_a_match_writes_nothing_and_clears_an_old_obtained_file(copied):
     before = sorted(p.relative_to(copied) for p in copied.rglob("*"))
     checked = check_case(CASE)
     assert checked.passed and checked.obtained is None and checked.paths_line is None
+    assert checked.verdict.passed and checked.verdict.first_divergent is None
     assert sorted(p.relative_to(copied) for p in copied.rglob("*")) == before
     stale = copied / KIND / f"{CASE}.obtained.safetensors"
     stale.write_bytes(b"left by an earlier mismatch")
