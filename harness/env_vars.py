@@ -30,7 +30,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "HYV4_TIMELINE": (
         "pytest (set by .ci/gpu-tier)",
         "directory where every pytest process records its start-up, collection and each test's span; "
-        "`python -m harness.timeline DIR` prints where each worker's wall time went"),
+        "`python -m harness.ci_speed.pytest_timeline DIR` prints where each worker's wall time went"),
     "HYV4_GOLDENS_ROOT": (
         "python -m harness, pytest",
         "another goldens tree instead of the checked-in `goldens/` (e.g. goldens recorded on this host); "
