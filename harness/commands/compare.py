@@ -26,16 +26,18 @@ import dataclasses
 from pathlib import Path
 
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
+from harness.case_registry import ids as case_ids
 from harness.production.cases import BISECT_CASES
 from harness.production.goldens.platform_key import describe, describe_vllm
 
-# The side-by-side cases of a bisect (harness.production.cases.BISECT_CASES: also the goldens' set)
+# The bisect's case lists, views of harness.case_registry. The side-by-side cases (role bisect,
+# kind module: harness.production.cases.BISECT_CASES, also the goldens' set)
 DEFAULT_BISECT_CASES = BISECT_CASES
-# vLLM's own speculator (engine.py): drafts accepted at planned rates, index sharing,
-# and the two-MTP-layer MultiModuleMTPSpeculator
-DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")
-# the speculator as vLLM serves it, in CUDA graphs: added by --graphs
-GRAPH_BISECT_ENGINE_CASES = ("engine-graphs-accept-k3-share",)
+# vLLM's own speculator (engine.py; role bisect, kind engine): drafts accepted at planned rates,
+# index sharing, and the two-MTP-layer MultiModuleMTPSpeculator
+DEFAULT_BISECT_ENGINE_CASES = case_ids(role="bisect", kind="engine")
+# the speculator as vLLM serves it, in CUDA graphs (role graph-bisect): added by --graphs
+GRAPH_BISECT_ENGINE_CASES = case_ids(role="graph-bisect", kind="engine")
 
 
 def bisect_case_ids(args) -> list[str]:
