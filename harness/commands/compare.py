@@ -215,6 +215,14 @@ def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
     return None, EXIT_CANNOT_JUDGE, f"cannot judge: {what} failed: {exc.__class__.__name__}: {first_line(exc)}"
 
 
+def _inputs(case):
+    """The ``CaseInputs`` of ``case``, built once for its run and its judge; a checkpoint directory's
+    tensors are the ones ``_case_for`` already loaded and validated (not read again)."""
+    from harness.production.cases import build_inputs
+
+    return build_inputs(case, loaded=_validated_checkpoint(case.ckpt_dir) if case.ckpt_dir else None)
+
+
 def _run(case, plant: str | None = None):
     """(result, EXIT_OK, ""), or (None, code, one line) when production failed on the case (``_failure``).
 
@@ -229,7 +237,7 @@ def _run(case, plant: str | None = None):
                 return run_planted(case, plant), EXIT_OK, ""
             except MutantNotApplicable:
                 pass
-        return run_case(case), EXIT_OK, ""
+        return run_case(case, inputs=_inputs(case)), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
         return _failure(f"production run of {case.id}", exc)
 
@@ -244,7 +252,7 @@ def _run_tp(case, tp: int):
         return None, EXIT_CANNOT_JUDGE, f"cannot judge: --tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
     try:
         with TPWorkers(tp) as workers:
-            return run_case_tp(workers, case), EXIT_OK, ""
+            return run_case_tp(workers, case, inputs=_inputs(case)), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
         return _failure(f"TP={tp} production run of {case.id}", exc)
 

@@ -1,7 +1,7 @@
 """The side-by-side cases (kind "module" of ``harness.case_registry``): ``GpuCase`` (a preset or
 checkpoint directory, inputs, steps, quantization), the registry's views ``GPU_CASES`` /
-``PROBE_CASES`` / ``BISECT_CASES`` / ``FP8_CASE_IDS`` / ``MODELOPT_CASE_IDS``, and ``case_inputs`` (the HF config,
-the checkpoint tensors for vLLM and the reference's weights of a case). CPU only, no vLLM.
+``PROBE_CASES`` / ``BISECT_CASES`` / ``FP8_CASE_IDS`` / ``MODELOPT_CASE_IDS``, and ``CaseInputs`` / ``build_inputs`` (the HF config,
+the checkpoint tensors for vLLM, the reference's weights and first step of a case). CPU only, no vLLM.
 
 May import: ``reference``, ``harness.case_registry``, ``harness.checkpoint``.
 """
@@ -18,14 +18,42 @@ import tempfile
 from harness.case_registry import GpuCase, ids, specs
 
 
-@functools.lru_cache(maxsize=4)
-def _case_inputs(case_id: str, case_json: str):
-    case = _case_from_dict(json.loads(case_json))
-    if case.ckpt_dir:  # a checkpoint on disk: read like any real one (FP8 stays FP8 for vLLM)
-        from harness.checkpoint.loader import load_checkpoint
-        loaded = load_checkpoint(case.ckpt_dir)
-        return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
+@dataclasses.dataclass(frozen=True)
+class CaseInputs:
+    """Everything a side-by-side run and its judge read of one case, built once (``build_inputs``)
+    and passed from the command down to the production run and the judge.
+
+    bf16: the preset config, unquantized checkpoint tensors (cast to bf16/fp32 by the runner) and
+    the seeded canonical weights. FP8: the config with ``mtp_quant_algo: FP8`` +
+    ``quantization_config`` (as ``write_synthetic`` writes it), the tensors as stored (FP8 stays
+    FP8) and ``LoadedCheckpoint.vllm_weights()``. A checkpoint directory: read like any real one.
+    """
+
+    case: GpuCase
+    hf_config: dict       # the HF config vLLM builds from
+    config: object        # reference.MTPConfig of ``hf_config``
+    checkpoint: dict      # tensors for vLLM's load_weights, as stored
+    weights: dict         # the reference's canonical weights (FP8: exactly what vLLM holds after loading)
+    first: object         # reference.StepInput: the first draft step's inputs (seed, requests, tokens)
+
+
+def build_inputs(case: GpuCase, loaded=None) -> CaseInputs:
+    """The ``CaseInputs`` of ``case``: the one place they are made. ``loaded``: the
+    ``LoadedCheckpoint`` of ``case.ckpt_dir`` where the caller already read it (not read again)."""
     import reference as R  # torch: only when inputs are made (case ids are checked without it)
+
+    hf, ckpt, weights = _checkpoint_and_weights(case, loaded)
+    cfg = R.MTPConfig.from_hf_dict(hf)
+    return CaseInputs(case, hf, cfg, ckpt, weights, R.make_case(cfg, case.seed, case.requests, case.tokens))
+
+
+def _checkpoint_and_weights(case: GpuCase, loaded=None) -> tuple[dict, dict, dict]:
+    if case.ckpt_dir:  # a checkpoint on disk: read like any real one (FP8 stays FP8 for vLLM)
+        if loaded is None:
+            from harness.checkpoint.loader import load_checkpoint
+            loaded = load_checkpoint(case.ckpt_dir)
+        return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
+    import reference as R
     from harness.checkpoint.names import to_checkpoint
 
     hf = case.hf_config()
@@ -38,7 +66,7 @@ def _case_inputs(case_id: str, case_json: str):
     # exact dequantized weights vLLM holds after loading.
     from harness.checkpoint.loader import load_checkpoint
     from harness.checkpoint.synth import write_synthetic
-    tmp = tempfile.mkdtemp(prefix=f"hyv4-{case_id}-")
+    tmp = tempfile.mkdtemp(prefix=f"hyv4-{case.id}-")
     try:
         path = write_synthetic(os.path.join(tmp, "ckpt"), hf, weights, naming=case.naming,
                                experts=case.experts, quant=case.quant,
@@ -49,16 +77,17 @@ def _case_inputs(case_id: str, case_json: str):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def case_inputs(case: GpuCase) -> tuple[dict, dict, dict]:
-    """(HF config, checkpoint tensors for vLLM's load_weights, reference weights) of ``case``.
+@functools.lru_cache(maxsize=4)
+def _cached(case_json: str) -> tuple[dict, dict, dict]:
+    return _checkpoint_and_weights(_case_from_dict(json.loads(case_json)))
 
-    bf16: the preset config, unquantized checkpoint tensors (cast to bf16/fp32
-    by the runner) and the seeded canonical weights. FP8: the config with
-    ``mtp_quant_algo: FP8`` + ``quantization_config`` (as ``write_synthetic``
-    writes it), the tensors as stored (FP8 stays FP8) and
-    ``LoadedCheckpoint.vllm_weights()``.
-    """
-    return _case_inputs(case.id, json.dumps(dataclasses.asdict(case), sort_keys=True))
+
+def case_inputs(case: GpuCase) -> tuple[dict, dict, dict]:
+    """(HF config, checkpoint tensors for vLLM's load_weights, reference weights) of ``case``, for
+    callers that hold only a case (a TP worker process, the FP8 emulation, a re-judge of saved
+    traces): cached per case, so repeated calls in one process share one build. A side-by-side
+    run takes its ``CaseInputs`` from ``build_inputs`` instead and passes it down."""
+    return _cached(json.dumps(dataclasses.asdict(case), sort_keys=True))
 
 
 def _case_from_dict(d: dict) -> GpuCase:

@@ -74,3 +74,30 @@ def test_unknown_role_or_kind_is_refused_and_specs_are_the_records():
         reg.ids(kind="no-such-kind")
     assert all(dataclasses.is_dataclass(s) for s in reg.specs().values())
     assert reg.BY_ID["tiny-k3-share"].spec is reg.specs(kind="module")["tiny-k3-share"]
+
+
+def test_case_inputs_are_built_once_and_equal_the_cached_ones(tmp_path):
+    """``build_inputs`` gives what ``case_inputs`` gives (bitwise) plus the config and first step;
+    a checkpoint directory's already loaded checkpoint is used as given, not read again."""
+    import torch
+
+    import reference as R
+    from harness.checkpoint.loader import load_checkpoint
+    from harness.checkpoint.synth import write_synthetic
+    from harness.production.cases import GPU_CASES, GpuCase, build_inputs, case_inputs
+
+    case = GPU_CASES["tiny-k1"]
+    inputs = build_inputs(case)
+    hf, ckpt, weights = case_inputs(case)
+    assert inputs.hf_config == hf and inputs.config == R.MTPConfig.from_hf_dict(hf)
+    for mine, theirs in ((inputs.checkpoint, ckpt), (inputs.weights, weights)):
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    first = R.make_case(inputs.config, case.seed, case.requests, case.tokens)
+    assert all(torch.equal(getattr(inputs.first, f), getattr(first, f)) for f in ("input_ids", "positions", "hidden"))
+
+    path = write_synthetic(str(tmp_path / "ckpt"), hf, weights)
+    loaded = load_checkpoint(path)
+    on_disk = GpuCase("ckpt-test", ckpt_dir=path, requests=2, tokens=16)
+    given = build_inputs(on_disk, loaded=loaded)
+    assert given.hf_config is loaded.hf_config
+    assert given.config == R.MTPConfig.from_hf_dict(loaded.hf_config)
