@@ -26,16 +26,18 @@ import dataclasses
 from pathlib import Path
 
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
+from harness.case_registry import ids as case_ids
 from harness.production.cases import BISECT_CASES
 from harness.production.goldens.platform_key import describe, describe_vllm
 
-# The side-by-side cases of a bisect (harness.production.cases.BISECT_CASES: also the goldens' set)
+# The bisect's case lists, views of harness.case_registry. The side-by-side cases (role bisect,
+# kind module: harness.production.cases.BISECT_CASES, also the goldens' set)
 DEFAULT_BISECT_CASES = BISECT_CASES
-# vLLM's own speculator (engine.py): drafts accepted at planned rates, index sharing,
-# and the two-MTP-layer MultiModuleMTPSpeculator
-DEFAULT_BISECT_ENGINE_CASES = ("engine-accept-k3-share", "engine-accept-k2-two-layers")
-# the speculator as vLLM serves it, in CUDA graphs: added by --graphs
-GRAPH_BISECT_ENGINE_CASES = ("engine-graphs-accept-k3-share",)
+# vLLM's own speculator (engine.py; role bisect, kind engine): drafts accepted at planned rates,
+# index sharing, and the two-MTP-layer MultiModuleMTPSpeculator
+DEFAULT_BISECT_ENGINE_CASES = case_ids(role="bisect", kind="engine")
+# the speculator as vLLM serves it, in CUDA graphs (role graph-bisect): added by --graphs
+GRAPH_BISECT_ENGINE_CASES = case_ids(role="graph-bisect", kind="engine")
 
 
 def bisect_case_ids(args) -> list[str]:
@@ -213,6 +215,14 @@ def _failure(what: str, exc: Exception) -> tuple[None, int, str]:
     return None, EXIT_CANNOT_JUDGE, f"cannot judge: {what} failed: {exc.__class__.__name__}: {first_line(exc)}"
 
 
+def _inputs(case):
+    """The ``CaseInputs`` of ``case``, built once for its run and its judge; a checkpoint directory's
+    tensors are the ones ``_case_for`` already loaded and validated (not read again)."""
+    from harness.production.cases import build_inputs
+
+    return build_inputs(case, loaded=_validated_checkpoint(case.ckpt_dir) if case.ckpt_dir else None)
+
+
 def _run(case, plant: str | None = None):
     """(result, EXIT_OK, ""), or (None, code, one line) when production failed on the case (``_failure``).
 
@@ -227,7 +237,7 @@ def _run(case, plant: str | None = None):
                 return run_planted(case, plant), EXIT_OK, ""
             except MutantNotApplicable:
                 pass
-        return run_case(case), EXIT_OK, ""
+        return run_case(case, inputs=_inputs(case)), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
         return _failure(f"production run of {case.id}", exc)
 
@@ -242,7 +252,7 @@ def _run_tp(case, tp: int):
         return None, EXIT_CANNOT_JUDGE, f"cannot judge: --tp {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
     try:
         with TPWorkers(tp) as workers:
-            return run_case_tp(workers, case), EXIT_OK, ""
+            return run_case_tp(workers, case, inputs=_inputs(case)), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
         return _failure(f"TP={tp} production run of {case.id}", exc)
 

@@ -61,9 +61,10 @@ def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
 
     patch = mutant.build_patch() if mutant is not None and mutant.build_patch is not None \
         else contextlib.nullcontext()
+    inputs = sbs.build_inputs(case)  # one build for the run and its judge
     with patch:
-        prod, info = sbs.run_production_side(case, around_run=around_run)
-    return sbs.judge(case, prod, info), []
+        prod, info = sbs.run_production_side(case, around_run=around_run, inputs=inputs)
+    return sbs.judge(case, prod, info, inputs=inputs), []
 
 
 def run_planted(case, name: str) -> Verdict:

@@ -392,7 +392,7 @@ def test_tp_rank_load_failure_is_a_bad_commit(monkeypatch, capsys):
         def __exit__(self, *a):
             return False
 
-    def run_case_tp(workers, case):
+    def run_case_tp(workers, case, **_):
         raise LoadAuditError([f"rank 1: {UNLOADED[0]}"])
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)

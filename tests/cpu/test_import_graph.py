@@ -105,7 +105,9 @@ def test_the_cycle_finder_finds_cycles():
 ALLOWED = {
     "reference": ("reference",),
     "harness.components": (),
-    "harness.production.cases": ("reference", "harness.presets", "harness.checkpoint"),
+    # the case registry: torch-free; the presets and the reference only when a case's inputs are made
+    "harness.case_registry": ("harness.presets", "reference"),
+    "harness.production.cases": ("reference", "harness.case_registry", "harness.checkpoint"),
     "harness.verdict": (),
     "harness.production.verdict": ("reference", "harness.components", "harness.compare", "harness.regimes",
                                    "harness.verdict",

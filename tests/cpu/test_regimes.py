@@ -88,3 +88,18 @@ def test_clamp_off_fails_the_clamp_case_at_mlp_out():
     bad = sbs.judge(case, production(cfg.replace(swiglu_limit=0.0)), {})
     assert not bad.passed
     assert bad.first_divergent == "step0.mlp.out", bad.details["table"]
+
+
+def test_each_bisect_case_reaches_the_regimes_it_is_chosen_for(measured):
+    """The registry's ``regimes`` field: every bisect case reaches its declared regimes' thresholds,
+    and together the declared regimes are every regime with a threshold."""
+    from harness import case_registry as reg
+
+    declared = set()
+    for rec in reg.records(role="bisect", kind="module"):
+        for name in rec.regimes:
+            threshold = regimes.REGIMES[name].threshold
+            assert threshold is not None and measured[rec.id][name] >= threshold, (rec.id, name)
+        declared |= set(rec.regimes)
+    assert declared == {n for n, r in regimes.REGIMES.items() if r.threshold is not None}
+    assert all(not r.regimes for r in reg.REGISTRY if "bisect" not in r.roles)

@@ -28,14 +28,15 @@ from harness import goldens
 from harness.compare import (INDEX_COMPONENTS, ComponentResult, Report, Tolerance, compare_traces,
                              index_rows_differing)
 from harness.components import PRODUCTION_COMPONENTS
-from harness.production.cases import BISECT_CASES
+from harness.case_registry import ids as case_ids
 from harness.production.goldens import platform_key
 from harness.production.verdict.judge import derive_indexer
 from harness.production.verdict.tolerances import GPU_VS_REFERENCE
 
 KIND = "production"
-# the default bisect set, every case of it (one list: harness.production.cases.BISECT_CASES)
-GOLDEN_CASES = BISECT_CASES
+# the production goldens' cases (harness.case_registry: role golden, kind module), the same set as
+# the default bisect's side-by-side cases (role bisect: tests/cpu/test_case_registry.py)
+GOLDEN_CASES = case_ids(role="golden", kind="module")
 # Every component the side by side compares (the registry's PRODUCTION_COMPONENTS), so
 # the first divergent component of a golden check names the cause (a k_norm LayerNorm no longer in
 # fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's

@@ -29,29 +29,31 @@ import traceback
 
 import torch
 
-import reference as R
 from harness.atomic import atomic_write_json
-from harness.production.cases import (FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES, GpuCase, _case_from_dict,
-                                      case_inputs)
+from harness.production.cases import (FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES, CaseInputs, GpuCase,
+                                      _case_from_dict, build_inputs, case_inputs)
 from harness.production.verdict.judge import judge
 from harness.verdict import Verdict
 
 
-def run_case(case: GpuCase, *, session_kw: dict | None = None) -> Verdict:
-    """Run ``case`` on production, replay the reference on its inputs, compare: the verdict (tensors included)."""
-    return judge(case, *run_production_side(case, session_kw=session_kw))
+def run_case(case: GpuCase, *, session_kw: dict | None = None, inputs: CaseInputs | None = None) -> Verdict:
+    """Run ``case`` on production, replay the reference on its inputs, compare: the verdict (tensors included).
+    ``inputs``: the case's ``CaseInputs`` where the caller built them (else built here, once)."""
+    inputs = inputs if inputs is not None else build_inputs(case)
+    return judge(case, *run_production_side(case, session_kw=session_kw, inputs=inputs), inputs=inputs)
 
 
-def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around_run=None) -> tuple[dict, dict]:
+def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around_run=None,
+                        inputs: CaseInputs | None = None) -> tuple[dict, dict]:
     """Build, load and run ``case`` on vLLM's HYV4MTP: (production trace, run info for the judge).
 
     ``around_run(sess, run)``, where given, runs the loaded session: it calls ``run()`` (the K
-    draft steps) and returns its trace, e.g. with a planted bug applied around it (``harness.mutants``)."""
+    draft steps) and returns its trace, e.g. with a planted bug applied around it (``harness.mutants``).
+    ``inputs``: the case's ``CaseInputs`` (else built here)."""
     from harness.production.module.runner import ProductionSession
 
-    hf, ckpt, _ = case_inputs(case)
-    cfg = R.MTPConfig.from_hf_dict(hf)
-    first = R.make_case(cfg, case.seed, case.requests, case.tokens)
+    inputs = inputs if inputs is not None else build_inputs(case)
+    hf, ckpt, first = inputs.hf_config, inputs.checkpoint, inputs.first
     t0 = time.perf_counter()
     sess = ProductionSession(hf, num_speculative_tokens=case.steps, **(session_kw or {}))
     t_build = time.perf_counter() - t0

@@ -128,9 +128,10 @@ class TPWorkers:
             self.procs.append(p)
         return self
 
-    def run(self, case) -> tuple[list[dict], list[dict]]:
+    def run(self, case, hf_config: dict | None = None) -> tuple[list[dict], list[dict]]:
         """Run ``case`` on every rank; waits for all ranks' answers (stale answers of an
-        earlier, failed job are dropped), then raises the first rank's error if any."""
+        earlier, failed job are dropped), then raises the first rank's error if any.
+        ``hf_config``: the case's config where the caller holds it (checked against TP here)."""
         import dataclasses
         import queue
 
@@ -140,7 +141,7 @@ class TPWorkers:
         from harness.presets import check_kernel_constraints
         from harness.production.cases import case_inputs
 
-        hf = case_inputs(case)[0]
+        hf = hf_config if hf_config is not None else case_inputs(case)[0]
         check_kernel_constraints(R.MTPConfig.from_hf_dict(hf), quantized=case.quant != "bf16", tp=self.tp)
         self._job += 1
         job = self._job
@@ -235,22 +236,25 @@ left out of the trace).
     return merged, rules
 
 
-def run_case_tp(workers: TPWorkers, case) -> Verdict:
+def run_case_tp(workers: TPWorkers, case, inputs=None) -> Verdict:
     """``case`` at TP = ``workers.tp`` and in this process at TP = 1, each judged against
     the reference; plus TP vs TP = 1: a ``Verdict`` of kind "tp" whose ``parts`` are the two
     judged runs ("tp1", "tpn") and their comparison ("tp_vs_tp1", a ``compare.Report``), its
-    ``details`` the merge rules, the rank-variant rows and the bitwise-equal keys."""
+    ``details`` the merge rules, the rank-variant rows and the bitwise-equal keys. ``inputs``: the
+    case's ``CaseInputs`` (else built here); each rank's process builds its own from the case."""
     from harness import compare
     from harness.components import PRODUCTION_COMPONENTS
     from harness.production.module.side_by_side import run_case
     from harness.production.verdict.judge import judge
     from harness.production.verdict.tolerances import tolerances_for
+    from harness.production.cases import build_inputs
 
-    tp1 = run_case(case)
-    ranks, infos = workers.run(case)
+    inputs = inputs if inputs is not None else build_inputs(case)  # this process's TP = 1 run and both judges
+    tp1 = run_case(case, inputs=inputs)
+    ranks, infos = workers.run(case, hf_config=inputs.hf_config)
     merged, rules = merge_ranks(ranks, tp1.trace)
     tpn = judge(case, merged, {"audit": sorted({p for i in infos for p in i["audit"]}),
-                               "step_notes": infos[0]["step_notes"]})
+                               "step_notes": infos[0]["step_notes"]}, inputs=inputs)
     tols = tolerances_for(case.quant)
     # rank-variant top-k rows: every rank's own rows against the reference (ties allowed)
     variant = []

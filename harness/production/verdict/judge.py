@@ -14,7 +14,7 @@ import torch
 
 import reference as R
 from harness.components import PRODUCTION_COMPONENTS
-from harness.production.cases import GpuCase, case_inputs
+from harness.production.cases import CaseInputs, GpuCase, case_inputs
 from harness.verdict import Verdict
 
 
@@ -258,19 +258,25 @@ def layer_policy(cfg: R.MTPConfig, case: GpuCase, prod: dict, ref: dict, runs: R
     return policy
 
 
-def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = None) -> Verdict:
+def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = None,
+          inputs: CaseInputs | None = None) -> Verdict:
     """Compare a production trace of ``case`` with the reference replayed on its inputs.
 
-    The reference weights are ``case_inputs(case)[2]`` (FP8: the exact
-    dequantized checkpoint); tolerances default to ``tolerances_for(case.quant)``.
+    ``inputs``: the ``CaseInputs`` production ran on (the side-by-side run passes them down);
+    without them (a re-judge of saved traces, a TP run's merged trace) they are made from the
+    case (``case_inputs``, cached per case). The reference weights are ``inputs.weights`` (FP8:
+    the exact dequantized checkpoint); tolerances default to ``tolerances_for(case.quant)``.
     """
     from harness import compare
     from harness.production.verdict.tolerances import tolerances_for
 
-    hf, _, weights = case_inputs(case)
-    cfg = R.MTPConfig.from_hf_dict(hf)
+    if inputs is not None:
+        hf, weights, cfg, first = inputs.hf_config, inputs.weights, inputs.config, inputs.first
+    else:
+        hf, _, weights = case_inputs(case)
+        cfg = R.MTPConfig.from_hf_dict(hf)
+        first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     tols = tolerances if tolerances is not None else tolerances_for(case.quant)
-    first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     prod = dict(prod)
     runs = replay_reference(case, hf, cfg, weights, prod, first)
     ref, ref_p = runs.ref, runs.ref_p

@@ -1,0 +1,103 @@
+"""The case registry (``harness.case_registry``): every list of cases is a view of it, pinned here
+with its ids and order (reports, goldens and test ids depend on both); every case id is unique
+across kinds and every role and kind is a known one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from harness import case_registry as reg
+
+GPU = ("tiny-k1", "tiny-k3-ragged", "tiny-k2-fused-layers", "tiny-k2-clamp-headwise", "tiny-k2-nosink",
+       "tiny-k3-share", "tiny-k2-long", "tiny-k2-long-prefill", "tiny-k3-long-share", "tiny-k2-topk512",
+       "tiny-k2-small-preset", "tiny-k2-dense-mlp", "tiny-k2-headwise", "tiny-k2-yarn", "tiny-k2-two-mtp-layers",
+       "tiny-k3-batch8", "real-dims-k2", "tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long",
+       "tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense", "tiny-k2-modelopt-layer-bf16-dense")
+BISECT = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise", "tiny-k2-fp8-ue8m0-fused-scale-long")
+ENGINE = ("engine-tiny-k3-share", "engine-tiny-k2", "engine-accept-k3-share", "engine-accept-k2-two-layers",
+          "engine-accept-k2-two-layers-share", "engine-graphs-accept-k3-share", "engine-graphs-accept-k2-padded")
+
+
+def test_every_derived_list_keeps_its_ids_and_order():
+    from harness import cases, golden_check
+    from harness.commands import compare
+    from harness.production import cases as prod
+    from harness.production.engine import cases as eng
+    from harness.production.goldens import goldens_gpu
+
+    reference = ("tiny-moe-sink-elementwise", "tiny-dense-headwise-nosink", "tiny-share-indexer")
+    assert tuple(cases.CASES) == reference
+    assert cases.GOLDEN_CASES == golden_check.GOLDEN_CASES == reference
+    assert tuple(prod.GPU_CASES) == GPU
+    assert tuple(prod.PROBE_CASES) == ("probe-topk4", "probe-two-mtp-layers-naming")
+    assert prod.BISECT_CASES == compare.DEFAULT_BISECT_CASES == BISECT
+    assert goldens_gpu.GOLDEN_CASES == BISECT  # the goldens' set is the bisect's (no case judged by one only)
+    assert prod.FP8_CASE_IDS == ("tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long")
+    assert prod.MODELOPT_CASE_IDS == ("tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense",
+                                      "tiny-k2-modelopt-layer-bf16-dense")
+    assert tuple(eng.ENGINE_CASES) == ENGINE
+    assert compare.DEFAULT_BISECT_ENGINE_CASES == ("engine-accept-k3-share", "engine-accept-k2-two-layers")
+    assert compare.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share",)
+    # the registry lists every case once: the reference, module (GPU then probe) and engine cases
+    assert reg.ids() == reference + GPU + tuple(prod.PROBE_CASES) + ENGINE
+
+
+def test_ids_are_unique_across_kinds_and_roles_and_kinds_are_known():
+    all_ids = [r.id for r in reg.REGISTRY]
+    assert len(all_ids) == len(set(all_ids)), sorted(i for i in all_ids if all_ids.count(i) > 1)
+    spec_type = {"reference": reg.Case, "module": reg.GpuCase, "engine": reg.EngineCase}
+    for r in reg.REGISTRY:
+        assert r.kind in reg.KINDS and type(r.spec) is spec_type[r.kind], r.id
+        assert isinstance(r.roles, frozenset) and r.roles <= set(reg.ROLES), (r.id, r.roles)
+        assert {role for role, _ in r.order} <= r.roles, r.id
+    used = set().union(*(r.roles for r in reg.REGISTRY))
+    assert used == set(reg.ROLES), f"roles no case has: {set(reg.ROLES) - used}"
+
+
+def test_role_lists_state_what_their_cases_are():
+    for r in reg.records(role="fp8"):
+        assert r.spec.quant in ("fp8", "fp8-ue8m0"), r.id
+    assert reg.ids(role="fp8") == tuple(r.id for r in reg.records(kind="module") if r.spec.quant in ("fp8", "fp8-ue8m0"))
+    assert reg.ids(role="modelopt") == tuple(r.id for r in reg.records(kind="module")
+                                             if r.spec.quant == "modelopt-fp8-pb")
+    assert all(r.spec.graphs for r in reg.records(role="graph-bisect"))
+    assert not any(r.spec.graphs for r in reg.records(role="bisect", kind="engine"))
+    assert reg.ids(role="golden", kind="module") == reg.ids(role="bisect", kind="module")
+
+
+def test_unknown_role_or_kind_is_refused_and_specs_are_the_records():
+    import pytest
+
+    with pytest.raises(KeyError):
+        reg.ids(role="no-such-role")
+    with pytest.raises(KeyError):
+        reg.ids(kind="no-such-kind")
+    assert all(dataclasses.is_dataclass(s) for s in reg.specs().values())
+    assert reg.BY_ID["tiny-k3-share"].spec is reg.specs(kind="module")["tiny-k3-share"]
+
+
+def test_case_inputs_are_built_once_and_equal_the_cached_ones(tmp_path):
+    """``build_inputs`` gives what ``case_inputs`` gives (bitwise) plus the config and first step;
+    a checkpoint directory's already loaded checkpoint is used as given, not read again."""
+    import torch
+
+    import reference as R
+    from harness.checkpoint.loader import load_checkpoint
+    from harness.checkpoint.synth import write_synthetic
+    from harness.production.cases import GPU_CASES, GpuCase, build_inputs, case_inputs
+
+    case = GPU_CASES["tiny-k1"]
+    inputs = build_inputs(case)
+    hf, ckpt, weights = case_inputs(case)
+    assert inputs.hf_config == hf and inputs.config == R.MTPConfig.from_hf_dict(hf)
+    for mine, theirs in ((inputs.checkpoint, ckpt), (inputs.weights, weights)):
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    first = R.make_case(inputs.config, case.seed, case.requests, case.tokens)
+    assert all(torch.equal(getattr(inputs.first, f), getattr(first, f)) for f in ("input_ids", "positions", "hidden"))
+
+    path = write_synthetic(str(tmp_path / "ckpt"), hf, weights)
+    loaded = load_checkpoint(path)
+    on_disk = GpuCase("ckpt-test", ckpt_dir=path, requests=2, tokens=16)
+    given = build_inputs(on_disk, loaded=loaded)
+    assert given.hf_config is loaded.hf_config
+    assert given.config == R.MTPConfig.from_hf_dict(loaded.hf_config)
