@@ -1,7 +1,8 @@
 """``Verdict``: what a judge decides about one run, as one typed record.
 
 The module judge (``harness.production.verdict.judge.judge``) and the TP judge
-(``harness.production.tp.multigpu.run_case_tp``) return one, and a golden check gives one
+(``harness.production.tp.multigpu.run_case_tp``) return one, so do the engine judge
+(``harness.production.engine.judge.run_case`` / ``rejudge``) and a golden check
 (``harness.goldens.Checked.verdict``); callers read its fields, never keys of
 a dict. Its report, the JSON written to disk and compared across runs, is ``to_report()``: the same
 keys in the same order as the judge's dict before this record existed.
@@ -24,11 +25,12 @@ class Verdict:
     fields' keys sit there too, as placeholders, so the order survives)."""
 
     # what was judged: "module" (one process, TP = 1), "tp" (TP = N against the reference and TP = 1),
-    # "golden" (a trace against its stored golden)
+    # "golden" (a trace against its stored golden), "engine" (vllm.LLM's speculator, recorded and replayed)
     kind: str
     # every compared component within its tolerance (TP: also TP = N against TP = 1)
     passed: bool
-    # the first component (dataflow order) outside its tolerance, or None
+    # the first component (dataflow order) outside its tolerance, or None; engine: the first problem
+    # line (engine step, draft step, quantity)
     first_divergent: str | None
     # one JSON-able row per compared component: key, passed, max_abs, atol, rtol, ...
     rows: list[dict]

@@ -135,7 +135,7 @@ def run_checked(args, mutants) -> int:
     codes = []
     for cid in ids:
         try:
-            rep = run_case(ENGINE_CASES[cid], out=out, mutant=args.mutant)
+            rep = run_case(ENGINE_CASES[cid], out=out, mutant=args.mutant).to_report()
         except Exception as exc:  # noqa: BLE001 - a crash in vLLM: cannot judge (a load failure: 1)
             rep, code = _case_failed(cid, exc, args.debug)
         else:
@@ -167,7 +167,7 @@ def rejudge_dir(src: str, case_ids, out: str | None, *, debug: bool = False) -> 
     for stem in stems:
         cid = os.path.basename(stem)[len("engine_calls_"):]
         try:
-            rep = rejudge(stem)
+            rep = rejudge(stem).to_report()
         except Exception as exc:  # noqa: BLE001 - an unreadable recording: cannot judge
             rep, code = _case_failed(f"{cid} (rejudge)", exc, debug)
         else:

@@ -318,7 +318,10 @@ def test_recording_round_trip_and_rejudge(tmp_path):
                for p, q in zip(props, props2))
     quiet = dict(log=lambda *a: None)
     direct = judge_run(cfg, w, calls, props, [], case, **quiet)
-    again = rejudge(stem, **quiet)
+    verdict = rejudge(stem, **quiet)
+    again = verdict.to_report()
+    assert verdict.kind == "engine" and verdict.passed == again["passed"] and verdict.details == again
+    assert verdict.first_divergent == (again["problems"][0] if again["problems"] else None)
     assert again["counts"] == direct["counts"] and again["counts"]["mismatches"] == 0
     assert again["counts"]["compared"] > 0 and again["components"].keys() == direct["components"].keys()
     # a size cap drops diagnostics, never the replay's inputs

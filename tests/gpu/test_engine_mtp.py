@@ -61,7 +61,7 @@ def test_engine_draft_tokens_match_reference(case_id, tmp_path):
     # the saved recording re-judged offline (CPU) gives the same counts
     rec = rep.get("recording", {})
     assert "error" not in rec and rec.get("tensor_bytes", 0) < 10 * 2**20, rec
-    again = rejudge(os.path.join(out, f"engine_calls_{case_id}"), log=lambda *a: None)
+    again = rejudge(os.path.join(out, f"engine_calls_{case_id}"), log=lambda *a: None).to_report()
     assert again["counts"] == c, (again["counts"], c)
     assert verdict_problems(rep) == [], verdict_problems(rep)
     assert proc.returncode == 0, proc.returncode

@@ -22,6 +22,7 @@ from harness.production.engine.replay import (DraftCall, component_errors, expec
                                               replay, run_facts, save_recording)
 from harness.production.engine.session import build_session, engine_inputs, prompts_for
 from harness.production.engine.taps import DrafterTap, TargetTap, graph_replay_counts
+from harness.verdict import Verdict
 
 
 def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], tap_errors: list[str],
@@ -284,9 +285,20 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
     return rep
 
 
-def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str | None = None) -> dict:
-    """Build, load, hook, generate, replay, judge; the report as a JSON-able dict. ``mutant``
-    is planted before the engine is built (as ``bisect-check`` passes it on)."""
+def engine_verdict(rep: dict) -> Verdict:
+    """An engine judge's report as the shared verdict record (kind "engine"). Its first divergent is
+    the first problem line (it names the engine step, draft step and quantity); its rows are the
+    per-component errors of the replay (``components``); its notes the acceptance figures that
+    disagree with vLLM's own counters. ``to_report()`` is the report itself."""
+    problems = rep["problems"] if rep.get("problems") is not None else verdict_problems(rep)
+    rows = [{"key": k, **v} for k, v in (rep.get("components") or {}).items() if isinstance(v, dict)]
+    return Verdict(kind="engine", passed=not problems, first_divergent=problems[0] if problems else None,
+                   rows=rows, notes=list(rep.get("acceptance_disagreements") or []), details=rep)
+
+
+def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str | None = None) -> Verdict:
+    """Build, load, hook, generate, replay, judge: the verdict (its ``to_report()`` the JSON-able
+    report). ``mutant`` is planted before the engine is built (as ``bisect-check`` passes it on)."""
     t0 = time.perf_counter()
     planted = None
     if mutant:
@@ -294,7 +306,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
         planted = apply_mutant(mutant)
         log("planted speculator bug:", json.dumps(planted))
     sess = build_session(case, log=log)
-    return generate_and_judge(sess, out=out, log=log, mutant=planted, t0=t0)
+    return engine_verdict(generate_and_judge(sess, out=out, log=log, mutant=planted, t0=t0))
 
 
 def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: str | None = None) -> dict:
@@ -365,8 +377,8 @@ def _read_recording(stem: str):
                        f"{exc.__class__.__name__}: {first_line(exc)}") from exc
 
 
-def rejudge(stem: str, *, log=print) -> dict:
-    """Replay and judge one saved recording (``<stem>.safetensors`` + ``.json``) on CPU."""
+def rejudge(stem: str, *, log=print) -> Verdict:
+    """Replay and judge one saved recording (``<stem>.safetensors`` + ``.json``) on CPU: the verdict."""
     import reference as R
     calls, proposals, doc, meta, case = _read_recording(stem)
     targets = doc.get("targets")
@@ -387,7 +399,7 @@ def rejudge(stem: str, *, log=print) -> dict:
     rep["problems"] = verdict_problems(rep)
     rep["acceptance_disagreements"] = acceptance_disagreements(rep)
     rep["passed"] = rep["problems"] == []
-    return rep
+    return engine_verdict(rep)
 
 
 def upstream_gap(rep: dict):
