@@ -66,7 +66,7 @@ def gpu_device_nodes() -> list[str]:
 def reference_device() -> str:
     """Where the float64 reference replays production: the GPU when one is present (the
     side by side's replay at real dims takes tens of seconds on a host CPU, well under a
-    second on an H200), unless ``HYV4_REFERENCE_DEVICE`` says otherwise (``cpu``/``cuda``)."""
+    second on the GPU), unless ``HYV4_REFERENCE_DEVICE`` says otherwise (``cpu``/``cuda``)."""
     import os
 
     want = os.environ.get("HYV4_REFERENCE_DEVICE", "").strip().lower()
