@@ -20,6 +20,8 @@ Steps, in this order (each a subprocess, timed here; all of them by default):
   bisect        `python -m harness bisect-check` warm
   bisect-graphs `python -m harness bisect-check --graphs` warm: the default set plus the
                 graph-mode engine case
+  bisect-profile `bisect-check` warm under cProfile (benchmarks/profile_command.py): DIR/bisect-profile.txt
+                ranks the main process's functions (its seconds include cProfile's overhead)
   draft-step    production vs the float64 reference ON THE SAME GPU per draft step, at the
                 tiny / small / real-dims presets (benchmarks/bench_draft_step_gpu.py)
   cpu-tier      the CPU tier (`CI=true python -m pytest`, CUDA hidden) pinned to 2 cores with
@@ -46,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from harness.ci_speed.pytest_timeline import format_summary, summarize  # noqa: E402  (imports nothing heavy)
 
 STEPS = ("warmup-cold", "bisect-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect", "bisect-graphs",
-         "draft-step", "cpu-tier")
+         "bisect-profile", "draft-step", "cpu-tier")
 # the GPU tier's time targets, seconds (draft-step: the reference/production ratio)
 TARGETS = {"tier_cold_s": 300.0, "tier_warm_s": 120.0, "main_cold_s": 60.0, "main_warm_s": 20.0, "bisect_warm_s": 60.0,
            "cpu_tier_s": 90.0, "draft_step_ratio": 3.0}
@@ -140,6 +142,10 @@ def main(argv=None) -> int:
         elif s in ("bisect-cold", "bisect", "bisect-graphs"):
             rc, secs = _run([py, "-m", "harness", "bisect-check", "--report", str(out / f"{s}.json"),
                              *(["--graphs"] if s == "bisect-graphs" else [])], out / f"{s}.log", env)
+            record(s, rc, secs)
+        elif s == "bisect-profile":
+            rc, secs = _run([py, "benchmarks/profile_command.py", str(out / s), "bisect-check", "--report",
+                             str(out / f"{s}.json")], out / f"{s}.log", env)
             record(s, rc, secs)
         elif s == "draft-step":
             for name, extra in (("tiny", []), ("small", []), ("real-dims", ["--requests", "2", "--tokens", "64"])):

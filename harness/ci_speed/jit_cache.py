@@ -19,6 +19,8 @@ JIT_CACHE_LAYOUT = {
     "HUMMING_CACHE_DIR": "humming",            # humming (imported by vLLM's FP8 linear kernels): its launcher
                                                # and nvrtc helper, built in the background at import
     "TVM_FFI_CACHE_DIR": "tvm-ffi",            # tvm-ffi's JIT extensions (FlashInfer's and others' FFI)
+    "CUTE_DSL_CACHE_DIR": "cute-dsl",          # CUTLASS DSL (CuTe) kernels (vLLM's router GEMMs); its default
+                                               # is a folder under /tmp, outside the root and its packing
     "PYTHONPYCACHEPREFIX": "pycache",          # Python bytecode of torch / vLLM / FlashInfer (below)
     "HYV4_PACKAGE_MAP_CACHE": "python-metadata",  # importlib.metadata.packages_distributions() (below)
 }

@@ -23,6 +23,7 @@ unloaded (``LoadAuditError``) is a bad commit (exit 1, naming the parameter).
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
@@ -360,12 +361,15 @@ def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None) -> _Side
 
     out = _SideBySide()
     for cid in ids:
+        t0 = time.perf_counter()
         result, code, line = _run(GPU_CASES[cid], plant)
         if result is None:
             out.verdict, out.failed_line = worst([out.verdict, code]), line
             return out
         out.reports[f"side-by-side/{cid}"] = result.comparison
-        result.comparison.meta.update(regimes=result.regimes, model_kernel_paths=result.details.get("model_kernel_paths"))
+        # seconds: this case's build, load, run and judge in this process (where a bisect's time goes)
+        result.comparison.meta.update(regimes=result.regimes, model_kernel_paths=result.details.get("model_kernel_paths"),
+                                      seconds=round(time.perf_counter() - t0, 2))
         out.regimes[cid] = result.regimes
         first = result.first_divergent
         print(f"{'ok  ' if result.passed else 'FAIL'} side-by-side {cid}" + ("" if result.passed else f": first divergent {first}"))
