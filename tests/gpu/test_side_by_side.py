@@ -33,7 +33,7 @@ def _record(result: dict) -> None:
     os.makedirs(_OUT, exist_ok=True)
     path = os.path.join(_OUT, "gpu_side_by_side.jsonl")
     with open(path, "a") as f:
-        f.write(json.dumps({k: v for k, v in result.items() if not k.startswith("_")}, default=str) + "\n")
+        f.write(json.dumps({k: v for k, v in result.to_report().items() if not k.startswith("_")}, default=str) + "\n")
 
 
 @pytest.mark.parametrize("case_id", list(GPU_CASES))
