@@ -18,7 +18,9 @@ import os
 import pstats
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# sys.path as `python -m harness` run from the repo root has it (the root first, not benchmarks/):
+# the package-map cache under the JIT cache root is keyed by sys.path, and a different key is a miss
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv: list[str]) -> int:
