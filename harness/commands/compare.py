@@ -367,9 +367,12 @@ def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None) -> _Side
             out.verdict, out.failed_line = worst([out.verdict, code]), line
             return out
         out.reports[f"side-by-side/{cid}"] = result.comparison
-        # seconds: this case's build, load, run and judge in this process (where a bisect's time goes)
+        # seconds: this case in this process, all of it; timing_s: its production build / load / run and
+        # the reference (replays and the free-running draft the regimes come from); the rest of seconds
+        # is the inputs and the comparison (the golden check below is not in it)
         result.comparison.meta.update(regimes=result.regimes, model_kernel_paths=result.details.get("model_kernel_paths"),
-                                      seconds=round(time.perf_counter() - t0, 2))
+                                      seconds=round(time.perf_counter() - t0, 2),
+                                      timing_s=result.details.get("timing_s"))
         out.regimes[cid] = result.regimes
         first = result.first_divergent
         print(f"{'ok  ' if result.passed else 'FAIL'} side-by-side {cid}" + ("" if result.passed else f": first divergent {first}"))
