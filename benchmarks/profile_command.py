@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     from harness.ci_speed.startup_gc import defer_gc
 
     defer_gc()
-    from harness.ci_speed import model_info_prefetch  # noqa: F401  (started at import, as in __main__)
+    from harness.ci_speed import model_info_prefetch  # its import starts the prefetch, as in __main__
     from harness.cli import main as harness_main
 
     code = harness_main(args)
