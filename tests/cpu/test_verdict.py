@@ -33,3 +33,21 @@ def test_to_report_writes_the_typed_fields_under_their_keys():
                                            "rows": None, "regimes": None, "extra": 3})
     assert v.to_report() == {"case": {"id": "c"}, "passed": False, "first_divergent": "step0.logits",
                              "rows": [{"key": "step0.logits"}], "regimes": {"r": 1}, "extra": 3}
+
+
+def test_the_gpu_side_by_side_evidence_line_is_written_from_a_verdict(tmp_path, monkeypatch):
+    """The GPU test's evidence writer (active with ``HYV4_GPU_OUT``) takes what the judge returns: a
+    ``Verdict``, written as its report. Only a GPU run reaches that test otherwise."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "test_side_by_side.py"
+    spec = importlib.util.spec_from_file_location("_gpu_test_side_by_side", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "_OUT", str(tmp_path))
+    v = emulate(sbs.GPU_CASES[sbs.FP8_CASE_IDS[0]], "deepgemm-e8m0")
+    mod._record(v)
+    line = json.loads((tmp_path / "gpu_side_by_side.jsonl").read_text().splitlines()[-1])
+    assert list(line) == [k for k in REPORT_KEYS if not k.startswith("_")]
+    assert line["passed"] == v.passed and line["case"]["id"] == v.details["case"]["id"]
