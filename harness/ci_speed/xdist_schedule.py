@@ -9,7 +9,7 @@ slice holds about the same expected seconds, longest first (the tail, what gets 
 the short tests).
 
 The expected seconds come from a measured run's JUnit (``durations.json`` beside the GPU
-tests, written by ``record``); a test it does not know counts as the median. A stale file
+tests, written by ``python -m harness.ci_speed.xdist_schedule``); a test it does not know counts as the median. A stale file
 only makes the schedule worse, never a verdict different: the order of independent tests.
 Every worker computes the same order (same items, same costs, same worker count), as xdist
 requires.
@@ -75,14 +75,6 @@ def junit_durations(junit_xml: str) -> dict[str, float]:
             raise ValueError(f"testcase {nodeid}: time {tc.get('time')!r} is not a finite number of seconds >= 0")
         out[nodeid] = round(secs, 1)
     return out
-
-
-def record(junit_xml: str, dest: str, source: str) -> None:
-    """Write ``dest`` (``durations.json``) from a measured run's JUnit; ``source`` says which run."""
-    from ..atomic import atomic_write_json
-
-    atomic_write_json(dest, {"source": source, "seconds": dict(sorted(junit_durations(junit_xml).items()))},
-                      indent=1)
 
 
 USAGE = "usage: python -m harness.ci_speed.xdist_schedule JUNIT.xml DEST.json 'which run (host, commit)'"
