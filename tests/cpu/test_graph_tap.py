@@ -202,7 +202,7 @@ def test_capture_only_mutants_are_judged_in_both_modes():
             continue
         assert ENGINE_CASES[m.case].graphs and not ENGINE_CASES[m.passes_eager].graphs, name
         assert m.expect == "graph replay differs from eager"
-    assert all(not MUTANTS[n].at_build for n in SWEEPABLE)
+    assert any(MUTANTS[n].passes_eager for n in SWEEPABLE)  # the graph case's sweep has a capture-only bug to catch
     assert any(m.at_build for m in MUTANTS.values())
 
 

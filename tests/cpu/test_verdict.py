@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.production.module import side_by_side as sbs
 from harness.production.verdict.fp8_emulation import emulate
 from harness.verdict import Verdict
@@ -15,9 +17,14 @@ REPORT_KEYS = ["case", "quant", "passed", "first_divergent", "table", "rows", "a
                "reference_device", "fp8_kernels", "unquantized_modules", "model_kernel_paths", "regimes", "prod_keys"]
 
 
-def test_the_module_judge_returns_a_verdict_whose_report_keeps_its_keys():
-    case = sbs.GPU_CASES[sbs.FP8_CASE_IDS[0]]
-    v = emulate(case, "deepgemm-e8m0")
+@pytest.fixture(scope="module")
+def fp8_verdict() -> Verdict:
+    """The module judge's verdict on an FP8 case (its FP8 emulation, CPU), made once for this file."""
+    return emulate(sbs.GPU_CASES[sbs.FP8_CASE_IDS[0]], "deepgemm-e8m0")
+
+
+def test_the_module_judge_returns_a_verdict_whose_report_keeps_its_keys(fp8_verdict):
+    v = fp8_verdict
     assert isinstance(v, Verdict) and v.kind == "module"
     rep = v.to_report()
     assert list(rep) == REPORT_KEYS
@@ -35,7 +42,7 @@ def test_to_report_writes_the_typed_fields_under_their_keys():
                              "rows": [{"key": "step0.logits"}], "regimes": {"r": 1}, "extra": 3}
 
 
-def test_the_gpu_side_by_side_evidence_line_is_written_from_a_verdict(tmp_path, monkeypatch):
+def test_the_gpu_side_by_side_evidence_line_is_written_from_a_verdict(fp8_verdict, tmp_path, monkeypatch):
     """The GPU test's evidence writer (active with ``HYV4_GPU_OUT``) takes what the judge returns: a
     ``Verdict``, written as its report. Only a GPU run reaches that test otherwise."""
     import importlib.util
@@ -46,7 +53,7 @@ def test_the_gpu_side_by_side_evidence_line_is_written_from_a_verdict(tmp_path, 
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setattr(mod, "_OUT", str(tmp_path))
-    v = emulate(sbs.GPU_CASES[sbs.FP8_CASE_IDS[0]], "deepgemm-e8m0")
+    v = fp8_verdict
     mod._record(v)
     line = json.loads((tmp_path / "gpu_side_by_side.jsonl").read_text().splitlines()[-1])
     assert list(line) == [k for k in REPORT_KEYS if not k.startswith("_")]
