@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from harness.production.can_run import gpu_device_nodes
+from harness.production.can_run import gpu_device_nodes, shared_thread_env
 
 from .jit_cache import apply_jit_cache
 
@@ -272,9 +272,7 @@ def _share_the_host(workerinput: dict) -> None:
         return
     if len(gpus) > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(idx % len(gpus))
-    threads = str(max(1, (os.cpu_count() or 1) // count))
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, threads)
+    os.environ.update(shared_thread_env(os.environ, count))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -281,14 +281,24 @@ def _start_prefetch(names: list[str], tmp: str) -> list[tuple]:
     return started
 
 
-def _wait_prefetch(started: list[tuple], log=print) -> list[dict]:
-    """Each prefetch's step. A failed prefetch is not fatal: the lane that needs the kernel
-    builds it itself (and fails, named, if it cannot); the step keeps the prefetch's last line."""
+def _wait_prefetch(started: list[tuple], log=print, t_origin: float | None = None) -> list[dict]:
+    """Each prefetch's step, its seconds up to its own exit (all are watched at once). A failed
+    prefetch is not fatal: the lane that needs the kernel builds it itself (and fails, named, if
+    it cannot); the step keeps the prefetch's last line. ``t_origin``: the warmup's start, for
+    the step's ``span_s`` (start and end, seconds from it)."""
+    ended = {}
+    while len(ended) < len(started):
+        for name, proc, _, _ in started:
+            if name not in ended and proc.poll() is not None:
+                ended[name] = time.perf_counter()
+        if len(ended) < len(started):
+            time.sleep(0.1)
     steps = []
     for name, proc, out, t0 in started:
-        rc = proc.wait()
-        last = _last_line(out)
-        st = {"name": name, "seconds": round(time.perf_counter() - t0, 2), "lane": "prefetch", "last_line": last}
+        rc, last = proc.returncode, _last_line(out)
+        st = {"name": name, "seconds": round(ended[name] - t0, 2), "lane": "prefetch", "last_line": last}
+        if t_origin is not None:
+            st["span_s"] = [round(t0 - t_origin, 2), round(ended[name] - t_origin, 2)]
         if rc != 0:
             st["error"] = f"exit {rc}"
         steps.append(st)
@@ -296,82 +306,163 @@ def _wait_prefetch(started: list[tuple], log=print) -> list[dict]:
     return steps
 
 
-def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str] = ()) -> list[dict]:
+def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str] = (), meanwhile=None,
+              t_origin: float | None = None) -> list[dict]:
     """Run the ``prefetch`` kernels and the lead at once, then the lanes at once (the
     prefetches may still be building), each a process (the JIT cache root and every other
     variable inherited) -> their steps, each with its lane; a lane that fails is CannotJudge
-    naming it and its last line."""
+    naming it and its last line. ``meanwhile``: called once the lead and the prefetches are
+    started, before anything is waited for (the caller's own checks: what it raises stops every
+    process started). ``t_origin``: the warmup's start, for each lane's and prefetch's ``span_s``."""
+    t_origin = time.perf_counter() if t_origin is None else t_origin
     jobs = ([[{"cases": [lead], "engine": None}]] if lead else []) + [lanes]
     steps = []
     with tempfile.TemporaryDirectory(prefix="hyv4-warmup-") as tmp:
-        started = _start_prefetch(list(prefetch), tmp)
+        started, running = [], []
         try:
-            _run_waves(jobs, tmp, steps, log)
-        except BaseException:  # a lane failed: the warmup is over, its prefetches too
-            for _, proc, _, _ in started:
-                proc.kill()
+            started = _start_prefetch(list(prefetch), tmp)
+            running = _start_wave(jobs[0], tmp, 0) if jobs[0] else []
+            if meanwhile is not None:
+                meanwhile()
+            _finish_wave(running, steps, log, t_origin)
+            n = len(running)
+            for wave in jobs[1:]:
+                running = _start_wave(wave, tmp, n) if wave else []
+                n += len(running)
+                _finish_wave(running, steps, log, t_origin)
+        except BaseException:  # a lane or the caller's check failed: the warmup is over, every process too
+            for proc in [p for _, p, _, _ in started] + [r[2] for r in running]:
+                if proc.poll() is None:
+                    proc.kill()
                 proc.wait()
             raise
-        steps += _wait_prefetch(started, log)
+        steps += _wait_prefetch(started, log, t_origin)
     return steps
 
 
-def _run_waves(jobs: list[list[dict]], tmp: str, steps: list, log) -> None:
-    """Each wave's lanes at once, one ``python -m harness warmup`` process each; their steps to ``steps``."""
+def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
+    """Start each lane of ``wave`` (numbered from ``n + 1``), one ``python -m harness warmup`` process each."""
+    from ..production.can_run import shared_thread_env
     from ..production.engine.cases import engine_env
-    n = 0
-    for wave in jobs:
-        running = []
-        for lane in wave:
-            n += 1
-            report, out = os.path.join(tmp, f"lane{n}.json"), os.path.join(tmp, f"lane{n}.log")
-            # an engine beside other lanes gets a fixed KV size: vLLM's memory profiling fails
-            # when another lane frees GPU memory meanwhile (seen with vLLM 0.34.0)
-            env = engine_env(bool(lane["engine"]) and len(wave) > 1)
-            with open(out, "w") as f:
-                proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
-                                        stdout=f, stderr=subprocess.STDOUT, env=env)
-            running.append((n, lane, proc, report, out))
-        failed = []
-        for n_, lane, proc, report, out in running:
-            rc = proc.wait()
-            if rc != 0:
-                names = ", ".join(lane["cases"] + ([lane["engine"]] if lane["engine"] else []))
-                failed.append(f"warmup lane {n_} ({names}): exit {rc}: {_last_line(out)}")
-                continue
-            with open(report) as f:
-                for st in json.load(f)["steps"]:
-                    steps.append({**st, "lane": n_})
-                    log(f"warmup {st['name']}: {st['seconds']:.1f} s (lane {n_})", flush=True)
-        if failed:
-            raise CannotJudge(failed[0])
+
+    running = []
+    for lane in wave:
+        n += 1
+        report, out = os.path.join(tmp, f"lane{n}.json"), os.path.join(tmp, f"lane{n}.log")
+        # an engine beside other lanes gets a fixed KV size: vLLM's memory profiling fails
+        # when another lane frees GPU memory meanwhile (seen with vLLM 0.34.0); lanes side by
+        # side split the cores as torch threads (nvcc, the prefetches' work, is not torch's pool)
+        env = engine_env(bool(lane["engine"]) and len(wave) > 1)
+        if len(wave) > 1:
+            env = shared_thread_env(env, len(wave))
+        with open(out, "w") as f:
+            proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
+                                    stdout=f, stderr=subprocess.STDOUT, env=env)
+        running.append((n, lane, proc, report, out, time.perf_counter()))
+    return running
+
+
+def _finish_wave(running: list[tuple], steps: list, log, t_origin: float) -> None:
+    """Wait for a wave's lanes; their steps to ``steps`` (each with its lane and the lane's
+    ``span_s``); the first failed lane is CannotJudge naming it and its last line."""
+    failed, ended = [], {}
+    while len(ended) < len(running):  # every lane's own end, whichever ends first
+        for n_, _, proc, _, _, _ in running:
+            if n_ not in ended and proc.poll() is not None:
+                ended[n_] = time.perf_counter()
+        if len(ended) < len(running):
+            time.sleep(0.1)
+    for n_, lane, proc, report, out, t0 in running:
+        if proc.returncode != 0:
+            names = ", ".join(lane["cases"] + ([lane["engine"]] if lane["engine"] else []))
+            failed.append(f"warmup lane {n_} ({names}): exit {proc.returncode}: {_last_line(out)}")
+            continue
+        span = [round(t0 - t_origin, 2), round(ended[n_] - t_origin, 2)]
+        with open(report) as f:
+            for st in json.load(f)["steps"]:
+                steps.append({**st, "lane": n_, "lane_span_s": span})
+                log(f"warmup {st['name']}: {st['seconds']:.1f} s (lane {n_})", flush=True)
+    if failed:
+        raise CannotJudge(failed[0])
 
 
 def run(args, log=print) -> dict:
     """Warm every step (with ``--if-cold`` only those the stamp lacks); the report (per-step
-    seconds, the steps skipped as warm, cache root and size)."""
+    seconds, the steps skipped as warm, cache root and size, ``phases_s``: where this process's
+    own time went). With lanes, where every wanted step is to be warmed whatever the versions
+    (no ``--if-cold``, or a root with nothing stamped: a fresh host), the lead and the prefetches
+    start before this process imports vLLM for its own checks, which run meanwhile."""
+    t_origin = time.perf_counter()
+    phases = {}
     set_vars = apply_jit_cache(args.cache)
     jit_cache.precompile_bytecode()  # --cache DIR: its bytecode layer (cli.main did $HYV4_JIT_CACHE's)
     root = os.environ.get(JIT_CACHE_ENV)
-    reason = can_run.cannot_run_production_reason()
-    if reason:
-        raise CannotJudge(f"warmup: {reason}")
-    import torch
-
-    from ..production.cases import GPU_CASES
+    phases["bytecode"] = round(time.perf_counter() - t_origin, 2)
+    from ..production.cases import GPU_CASES  # torch-free, as the engine cases: the plan needs neither
     from ..production.engine.cases import ENGINE_CASES
-    from ..production.engine.judge import run_case as run_engine_case
-    from ..production.module.side_by_side import run_production_side, versions
 
     cases = [] if getattr(args, "engine_only", False) else args.case or list(GPU_CASES)
     wanted = {cid: fingerprint(GPU_CASES[cid]) for cid in cases}
     if not args.no_engine:
         wanted[args.engine] = fingerprint(ENGINE_CASES[args.engine])
-    vs = versions()
-    todo = cold_steps(wanted, read_stamp(root), vs) if getattr(args, "if_cold", False) else dict(wanted)
-    rep = {"cache_root": root, "set": set_vars, "steps": [], "skipped_warm": sorted(set(wanted) - set(todo)),
-           "versions": vs, "size_before": cache_size(root) if root else None}
+    rep = {"cache_root": root, "set": set_vars, "steps": [], "skipped_warm": [], "versions": None,
+           "size_before": cache_size(root) if root else None}
+
+    def checks():  # this process's own: can production run here, and on which versions
+        t0 = time.perf_counter()
+        reason = can_run.cannot_run_production_reason()
+        if reason:
+            raise CannotJudge(f"warmup: {reason}")
+        from ..production.module.side_by_side import versions
+        rep["versions"] = versions()
+        phases["checks"] = round(time.perf_counter() - t0, 2)
+
+    lanes_wanted = getattr(args, "lanes", 1) > 1
+    all_cold = not getattr(args, "if_cold", False) or not (root and read_stamp(root).get("steps"))
     t_all = time.perf_counter()
+    if lanes_wanted and all_cold and len(wanted) > 1 and can_run.gpu_device_nodes():
+        _plan_into(rep, cases, wanted, args)  # started at once, checked meanwhile
+        rep["steps"] = run_lanes(rep["lead"], rep["lanes_planned"], log, prefetch=rep["prefetch"],
+                                 meanwhile=checks, t_origin=t_origin)
+    else:
+        checks()
+        todo = cold_steps(wanted, read_stamp(root), rep["versions"]) if getattr(args, "if_cold", False) \
+            else dict(wanted)
+        rep["skipped_warm"] = sorted(set(wanted) - set(todo))
+        if lanes_wanted and len(todo) > 1:  # this process only plans and waits
+            _plan_into(rep, [c for c in cases if c in todo], todo, args)
+            rep["steps"] = run_lanes(rep["lead"], rep["lanes_planned"], log, prefetch=rep["prefetch"],
+                                     t_origin=t_origin)
+        else:
+            _in_this_process(rep, cases, todo, args, root, log)
+    rep.pop("lanes_planned", None)
+    rep["seconds"] = round(time.perf_counter() - t_all, 2)
+    phases["work"] = rep["seconds"]
+    if root:
+        rep["size_after"] = cache_size(root)
+    phases["total"] = round(time.perf_counter() - t_origin, 2)
+    rep["phases_s"] = phases
+    return rep
+
+
+def _plan_into(rep: dict, cases: list[str], todo: dict, args) -> None:
+    """The lanes of ``todo`` (the lead, the lanes, the prefetches) into ``rep``."""
+    engine = args.engine if not args.no_engine and args.engine in todo else None
+    lead, lanes = plan_lanes([c for c in cases if c in todo], engine, args.lanes)
+    rep["lanes"] = [lane["cases"] + ([lane["engine"]] if lane["engine"] else []) for lane in lanes]
+    rep["lanes_planned"] = lanes
+    rep["lead"] = lead
+    rep["prefetch"] = plan_prefetch([c for c in cases if c in todo], engine is not None)
+
+
+def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -> None:
+    """Every step of ``todo`` in this process, in order, each stamped as it ends."""
+    import torch
+
+    from ..production.cases import GPU_CASES
+    from ..production.engine.cases import ENGINE_CASES
+    from ..production.engine.judge import run_case as run_engine_case
+    from ..production.module.side_by_side import run_production_side
 
     def step(name, fn):
         t0 = time.perf_counter()
@@ -383,30 +474,19 @@ def run(args, log=print) -> dict:
         rep["steps"].append({"name": name, "seconds": round(dt, 2)})
         log(f"warmup {name}: {dt:.1f} s", flush=True)
         if root:  # stamped as it goes: a later failure keeps what was warmed
-            write_stamp(root, vs, {name: todo[name]})
+            write_stamp(root, rep["versions"], {name: todo[name]})
 
     engine = args.engine if not args.no_engine and args.engine in todo else None
-    if getattr(args, "lanes", 1) > 1 and len(todo) > 1:  # this process only plans and waits
-        lead, lanes = plan_lanes([c for c in cases if c in todo], engine, args.lanes)
-        rep["lanes"] = [lane["cases"] + ([lane["engine"]] if lane["engine"] else []) for lane in lanes]
-        rep["lead"] = lead
-        rep["prefetch"] = plan_prefetch([c for c in cases if c in todo], engine is not None)
-        rep["steps"] = run_lanes(lead, lanes, log, prefetch=rep["prefetch"])
-    else:  # in this process, in order
-        for cid in (c for c in cases if c in todo):
-            case = GPU_CASES[cid]
+    for cid in (c for c in cases if c in todo):
+        case = GPU_CASES[cid]
 
-            def module_level(case=case):
-                run_production_side(case)  # the side by side's production half; no reference, no verdict
-                torch.cuda.empty_cache()
+        def module_level(case=case):
+            run_production_side(case)  # the side by side's production half; no reference, no verdict
+            torch.cuda.empty_cache()
 
-            step(cid, module_level)
-        if engine:
-            step(engine, lambda: run_engine_case(ENGINE_CASES[engine], log=lambda *a, **k: None))
-    rep["seconds"] = round(time.perf_counter() - t_all, 2)
-    if root:
-        rep["size_after"] = cache_size(root)
-    return rep
+        step(cid, module_level)
+    if engine:
+        step(engine, lambda: run_engine_case(ENGINE_CASES[engine], log=lambda *a, **k: None))
 
 
 # Not packed: Python's bytecode (ROOT/pycache) is keyed by each source's path on this host, is

@@ -347,25 +347,67 @@ class _SideBySide:
     regimes: dict = dataclasses.field(default_factory=dict)
     traces: dict = dataclasses.field(default_factory=dict)
     not_judged: list = dataclasses.field(default_factory=list)
+    threads: dict = dataclasses.field(default_factory=dict)  # this process's torch threads: own, while engines ran
     verdict: int = EXIT_OK
     failed_line: str | None = None  # the one line of a case that did not run
 
 
-def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None) -> _SideBySide:
+class _ThreadShare:
+    """This process's torch threads while ``runs`` (engine subprocesses started beside it) compute:
+    its share of the cores (``can_run.cpu_share``, as theirs; never more than it had), back to what it had once they have
+    all exited (``update``, between cases) or the work ends (``restore``). A thread count the user
+    set (``OMP_NUM_THREADS``) is left alone. Thread counts move float64 CPU sums in their last bits
+    only; every tolerance is orders of magnitude above that."""
+
+    def __init__(self, runs: list):
+        import os
+
+        from harness.production.can_run import THREAD_VARS, cpu_share
+        self.runs, self.before, self.facts = runs, None, {}
+        if runs and not os.environ.get(THREAD_VARS[0], "").strip():
+            import torch
+            self.before = torch.get_num_threads()
+            torch.set_num_threads(min(self.before, cpu_share(len(runs) + 1)))
+            self.facts = {"own": self.before, "beside_engines": torch.get_num_threads()}
+
+    def update(self) -> None:
+        if self.before is not None and all(r.proc.poll() is not None for r in self.runs):
+            self.restore()
+
+    def restore(self) -> None:
+        if self.before is not None:
+            import torch
+            torch.set_num_threads(self.before)
+            self.before = None
+
+
+def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None, beside: list | None = None) -> _SideBySide:
     """bisect-check's side-by-side cases, in this process, each against the reference and (``golden``:
     (label, root), None when recording) against its golden. A case that does not run ends the loop:
-    a load failure is a bad commit (1), any other crash cannot judge (125)."""
+    a load failure is a bad commit (1), any other crash cannot judge (125). ``beside``: the engine
+    subprocesses running meanwhile (this process takes its share of the CPU while they do)."""
+    out = _SideBySide()
+    share = _ThreadShare(beside or [])
+    try:
+        _side_by_side_cases(ids, plant, golden, out, share)
+    finally:
+        share.restore()
+    out.threads = share.facts
+    return out
+
+
+def _side_by_side_cases(ids, plant, golden, out: _SideBySide, share: _ThreadShare) -> None:
     from harness.production.cases import GPU_CASES
     from harness.production.goldens.goldens_gpu import judge_golden
     from harness.production.module.side_by_side import format_regimes
 
-    out = _SideBySide()
     for cid in ids:
+        share.update()
         t0 = time.perf_counter()
         result, code, line = _run(GPU_CASES[cid], plant)
         if result is None:
             out.verdict, out.failed_line = worst([out.verdict, code]), line
-            return out
+            return
         out.reports[f"side-by-side/{cid}"] = result.comparison
         # seconds: this case in this process, all of it; timing_s: its production build / load / run and
         # the reference (replays and the free-running draft the regimes come from); the rest of seconds
@@ -387,7 +429,6 @@ def _bisect_side_by_side(ids, plant, golden: tuple[str, object] | None) -> _Side
             out.reports[f"{label}/{cid}"] = report
         out.not_judged += missing
         out.verdict = worst([out.verdict, code])
-    return out
 
 
 def bisect_command(args) -> int:
@@ -419,7 +460,7 @@ def bisect_command(args) -> int:
     # (a --plant mutant patches the module-level model only; HYV4_SPECULATOR_MUTANT the speculator)
     started = start_engine_cases(engine_ids, gpu_shared=bool(ids))
     try:
-        sbs = _bisect_side_by_side(ids, getattr(args, "plant", None), golden)
+        sbs = _bisect_side_by_side(ids, getattr(args, "plant", None), golden, beside=started)
     except BaseException:
         stop_engine_cases(started)
         raise
@@ -433,7 +474,7 @@ def bisect_command(args) -> int:
         print(f"warning: no case of this run exercises the regime(s) {missing} (harness/regimes.py)")
     if args.report:
         save_report(args.report, sbs.reports, {
-            **run_facts(), "engine": engine, "regimes": sbs.regimes,
+            **run_facts(), "engine": engine, "regimes": sbs.regimes, "torch_threads": sbs.threads,
             "regime_coverage": coverage(sbs.regimes), "not_judged": sbs.not_judged,
             "golden_root": str(golden[1]), "baseline": stamp})
     return unjudged_verdict(verdict, sbs.not_judged, getattr(args, "allow_unjudged", False))
@@ -494,15 +535,21 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun
     or an engine next to this process's own side-by-side runs (``gpu_shared``), share the GPU:
     they get a fixed KV size (``HYV4_ENGINE_KV_CACHE_GIB``, 4 GiB unless set), which skips vLLM's
     memory profiling (it fails when another process allocates or frees meanwhile) and asks
-    its start-up check for 0.1 of the GPU (harness.production.engine.session.engine_kwargs)."""
+    its start-up check for 0.1 of the GPU (harness.production.engine.session.engine_kwargs).
+    They share the host's CPU too: each gets its share of the cores as torch threads
+    (``can_run.cpu_share``; this process takes its own with ``_ThreadShare``)."""
     import os
     import subprocess
     import sys
     import tempfile
 
+    from harness.production.can_run import shared_thread_env
     from harness.production.engine.cases import engine_env
 
     env = engine_env(gpu_shared or len(case_ids) > 1)
+    computing = len(case_ids) + (1 if gpu_shared else 0)  # processes on this host's CPU at once
+    if computing > 1:
+        env = shared_thread_env(env, computing)
     runs = []
     try:
         for cid in case_ids:

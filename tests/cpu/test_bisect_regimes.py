@@ -135,3 +135,94 @@ def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, 
     finally:
         compare_cli.stop_engine_cases(runs)
     assert all(not os.path.exists(r.tmp.name) for r in runs)  # their files are gone
+
+
+@pytest.mark.parametrize("ids, shared, preset, processes", [
+    (["engine-tiny-k2"], False, None, None),  # alone on the host: torch's default pool
+    (["engine-tiny-k2"], True, None, 2),  # beside this process's side-by-side runs
+    (["engine-tiny-k2", "engine-tiny-k3-share"], True, None, 3),
+    (["engine-tiny-k2", "engine-tiny-k3-share"], False, "3", None),  # the user's count wins
+])
+def test_engines_computing_beside_others_get_their_share_of_the_cores(ids, shared, preset, processes,
+                                                                      monkeypatch):
+    import subprocess
+
+    from harness.production.can_run import THREAD_VARS, cpu_share
+
+    started = []
+
+    class Recorder:  # stands in for the engine subprocess: records how it was started
+        def __init__(self, cmd, env, **kw):
+            started.append(env)
+
+        def poll(self):
+            return 125
+
+        def wait(self):
+            return 125
+
+    monkeypatch.setattr(subprocess, "Popen", Recorder)
+    for var in THREAD_VARS:
+        monkeypatch.setenv(var, preset) if preset else monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # a 16-core host
+    runs = compare_cli.start_engine_cases(ids, gpu_shared=shared)
+    compare_cli.stop_engine_cases(runs)
+    want = preset or (str(cpu_share(processes)) if processes else None)
+    assert {env.get(var) for env in started for var in THREAD_VARS} == {want}
+    if processes:
+        assert int(want) == 16 // processes
+
+
+def test_cpu_share_splits_the_usable_cores(monkeypatch):
+    from harness.production.can_run import cpu_share
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert [cpu_share(n) for n in (1, 2, 3, 6, 16, 40)] == [16, 8, 5, 2, 1, 1]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5})  # a mask narrower than the host
+    assert cpu_share(1) == 2
+
+
+def test_side_by_side_takes_its_share_while_engines_run_and_gets_its_threads_back(tmp_path, faked, monkeypatch):
+    """While engine subprocesses run beside it, this process's torch threads are its share of the
+    cores; between cases, once they have exited, it has its own count back, and after the loop."""
+    import torch
+
+    from harness.production.can_run import THREAD_VARS
+
+    for var in THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)))
+    tier_threads = torch.get_num_threads()
+    torch.set_num_threads(8)
+    before = 8
+
+    class Engine:  # running for the first case, exited before the second
+        def __init__(self):
+            self.code = None
+
+        def poll(self):
+            return self.code
+
+    engines = [Engine(), Engine()]
+    seen = []
+    real = sbs.run_case
+
+    def run_case(case, **kw):
+        seen.append(torch.get_num_threads())
+        for e in engines:
+            e.code = 0
+        return real(case, **kw)
+    monkeypatch.setattr(sbs, "run_case", run_case)
+    runs = [compare_cli._EngineRun(f"e{i}", e, None) for i, e in enumerate(engines)]
+    try:
+        out = compare_cli._bisect_side_by_side(["tiny-k3-share", "tiny-k2-clamp-headwise"], None, None, beside=runs)
+        assert out.verdict == EXIT_OK
+        assert seen == [4, before]  # 12 cores over this process and two engines; then its own again
+        assert torch.get_num_threads() == before
+        monkeypatch.setenv(THREAD_VARS[0], "3")  # the user chose: left alone
+        seen.clear()
+        engines[0].code = None
+        compare_cli._bisect_side_by_side(["tiny-k3-share"], None, None, beside=runs)
+        assert seen == [before]
+    finally:
+        torch.set_num_threads(tier_threads)

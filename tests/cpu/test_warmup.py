@@ -543,32 +543,99 @@ def test_model_info_wait_never_blocks_a_run_on_a_failed_or_hung_prefetch(tmp_pat
     assert capsys.readouterr().err == ""
 
 
-def test_an_engine_lane_beside_other_lanes_gets_a_fixed_kv_size(tmp_path, monkeypatch):
+def test_an_engine_lane_beside_other_lanes_gets_a_fixed_kv_size_and_lanes_split_the_cores(tmp_path, monkeypatch):
     """vLLM's memory profiling fails when another lane frees GPU memory meanwhile: an engine lane
-    that shares its wave gets ``HYV4_ENGINE_KV_CACHE_GIB`` (unless set); alone, it profiles."""
+    that shares its wave gets ``HYV4_ENGINE_KV_CACHE_GIB`` (unless set); alone, it profiles. Lanes
+    side by side get their share of the cores as torch threads (unless the user set a count)."""
+    import time
+
     from harness.ci_speed import warmup
+    from harness.production.can_run import THREAD_VARS
     from harness.production.engine.cases import ENGINE_KV_GIB_ENV, SHARED_GPU_KV_GIB
 
     monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
+    for var in THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     seen = []
 
     class Lane:  # the lane process: writes an empty report, exits 0
-        def __init__(self, cmd, stdout=None, stderr=None, env=None):
-            seen.append(("--engine-only" in cmd, (env or {}).get(ENGINE_KV_GIB_ENV)))
-            with open(cmd[cmd.index("--report") + 1], "w") as f:
-                json.dump({"steps": []}, f)
+        returncode = 0
 
-        def wait(self):
+        def __init__(self, cmd, stdout=None, stderr=None, env=None):
+            env = env or {}
+            seen.append(("--engine-only" in cmd, env.get(ENGINE_KV_GIB_ENV), env.get("OMP_NUM_THREADS")))
+            with open(cmd[cmd.index("--report") + 1], "w") as f:
+                json.dump({"steps": [{"name": "x", "seconds": 1.0}]}, f)
+
+        def poll(self):
             return 0
 
     monkeypatch.setattr(warmup.subprocess, "Popen", Lane)
+
+    def run_wave(wave):
+        seen.clear()
+        steps = []
+        warmup._finish_wave(warmup._start_wave(wave, str(tmp_path), 0), steps, lambda *a, **k: None,
+                            time.perf_counter())
+        assert len(steps) == len(wave) and all(len(st["lane_span_s"]) == 2 for st in steps)
+        return sorted(seen)
+
     engine = {"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}
-    warmup._run_waves([[engine, {"cases": ["tiny-k3-share"], "engine": None}]], str(tmp_path), [], lambda *a, **k: None)
-    assert sorted(seen) == [(False, None), (True, SHARED_GPU_KV_GIB)]
-    seen.clear()
-    warmup._run_waves([[engine]], str(tmp_path), [], lambda *a, **k: None)
-    assert seen == [(True, None)]
+    bf16 = {"cases": ["tiny-k3-share"], "engine": None}
+    assert run_wave([engine, bf16]) == [(False, None, "8"), (True, SHARED_GPU_KV_GIB, "8")]
+    assert run_wave([engine]) == [(True, None, None)]
+    assert run_wave([engine, bf16, bf16]) == [(False, None, "5"), (False, None, "5"), (True, SHARED_GPU_KV_GIB, "5")]
     monkeypatch.setenv(ENGINE_KV_GIB_ENV, "6")
-    seen.clear()
-    warmup._run_waves([[engine, {"cases": ["tiny-k3-share"], "engine": None}]], str(tmp_path), [], lambda *a, **k: None)
-    assert (True, "6") in seen
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert (True, "6", "3") in run_wave([engine, bf16])
+
+
+@pytest.mark.parametrize("stamped", [False, True])
+def test_a_fresh_root_starts_the_lanes_before_the_checks_and_a_failed_check_stops_them(
+        stamped, tmp_path, monkeypatch, no_jit_cache):
+    """With lanes on a root where nothing is stamped, every wanted step is to be warmed whatever
+    the versions: the prefetches and the lead start first and this process's own checks (vLLM's
+    import) run meanwhile. A failed check is still the warmup's one line, exit 125, and stops
+    every process started. With ``--if-cold`` on a stamped root the checks come first (the
+    versions decide what is cold) and nothing starts when they fail."""
+    import argparse
+    import time
+
+    from harness.ci_speed import warmup
+    from harness.exitcodes import CannotJudge
+
+    root = tmp_path / "root"
+    if stamped:
+        warmup.write_stamp(str(root), {"vllm": "other"}, {"tiny-k1": "f"})
+    events, procs = [], []
+    monkeypatch.setattr(can_run, "gpu_device_nodes", lambda: ["/dev/nvidia0"])  # a GPU host, as far as planning sees
+
+    def reason():
+        events.append("checks")
+        return "stand-in: vLLM does not import"
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", reason)
+    monkeypatch.setitem(warmup.PREFETCH, "slow", (lambda cases, engine: True, "import time; time.sleep(120)"))
+    start_prefetch, start_wave = warmup._start_prefetch, warmup._start_wave
+
+    def prefetch(names, tmp):
+        events.append("prefetch")
+        started = start_prefetch(names, tmp)
+        procs.extend(p for _, p, _, _ in started)
+        return started
+
+    def wave(lanes, tmp, n):
+        events.append("lead")
+        running = start_wave(lanes, tmp, n)
+        procs.extend(r[2] for r in running)
+        return running
+    monkeypatch.setattr(warmup, "_start_prefetch", prefetch)
+    monkeypatch.setattr(warmup, "_start_wave", wave)
+    args = argparse.Namespace(cache=str(root), case=["tiny-k1", "tiny-k3-share"], engine=warmup.DEFAULT_ENGINE_CASE,
+                              no_engine=True, engine_only=False, lanes=2, if_cold=True, report=None, pack=None)
+    t0 = time.perf_counter()
+    with pytest.raises(CannotJudge, match="^warmup: stand-in: vLLM does not import$"):
+        warmup.run(args, log=lambda *a, **k: None)
+    assert time.perf_counter() - t0 < 60  # the 120 s prefetch was killed, not waited for
+    assert events == (["checks"] if stamped else ["prefetch", "lead", "checks"])
+    assert all(p.poll() is not None for p in procs)
