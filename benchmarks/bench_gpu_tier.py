@@ -1,6 +1,6 @@
 """The GPU tier's wall times on one host, against the targets in TARGETS (a benchmark, not a test).
 
-    python benchmarks/bench_gpu_tier.py --out DIR [--workers 6] [--only STEP,STEP...] [--cache DIR]
+    python benchmarks/bench_gpu_tier.py --out DIR [--workers 6] [--only STEP,STEP...] [--cache DIR] [--tests FILE]
 
 Steps, in this order (each a subprocess, timed here; all of them by default):
   warmup-cold   `python -m harness warmup --lanes 4` into an EMPTY JIT cache root (DIR/jit-cache,
@@ -10,7 +10,8 @@ Steps, in this order (each a subprocess, timed here; all of them by default):
                 kept its cache (the stamped steps are skipped)
   tier          `pytest -m gpu tests/gpu` on --workers xdist workers, warm (as .ci/gpu-tier): side by
                 side, goldens, engine + speculator mutants, the module mutant catalogue (not TP);
-                per-case times from its JUnit
+                per-case times from its JUnit; --tests FILE: only the test ids listed there (e.g.
+                tier-tests-7fd14de.txt, an older tier's tests: its figure like for like)
   main-cold     `python -m harness main` on its own EMPTY cache root (DIR/jit-main-cold, wiped first):
                 the README's main job on a fresh host (the bundle install not counted)
   main          `python -m harness main` warm (the README's main job)
@@ -85,7 +86,20 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(STEPS))
     ap.add_argument("--warmup-lanes", type=int, default=4, help="warmup --lanes (as .ci/gpu-tier; 1: serial)")
     ap.add_argument("--cache", help="JIT cache root (default OUT/jit-cache; warmup-cold wipes it)")
+    ap.add_argument("--tests", metavar="FILE", help="tier: only these test ids (one per line, as pytest names them): "
+                    "the tests an older tier had, timed like for like")
     a = ap.parse_args(argv)
+    selected = None
+    if a.tests:
+        try:
+            selected = [ln.strip() for ln in pathlib.Path(a.tests).read_text().splitlines()
+                        if ln.strip() and not ln.lstrip().startswith("#")]
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"error: --tests {a.tests}: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+            return 2
+        if not selected:
+            print(f"error: --tests {a.tests}: no test id in it", file=sys.stderr)
+            return 2
     steps = [s.strip() for s in a.only.split(",") if s.strip()]
     bad = [s for s in steps if s not in STEPS]
     if bad:
@@ -125,10 +139,11 @@ def main(argv=None) -> int:
             shutil.rmtree(timeline, ignore_errors=True)
             tier_env = {"HYV4_GPU_OUT": str(evidence), "HYV4_REPORT_DIR": str(evidence), "HYV4_TIMELINE": str(timeline),
                         **env}
-            rc, secs = _run([py, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rfE",
-                             "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_multigpu.py",
+            rc, secs = _run([py, "-m", "pytest", "-m", "gpu", *(selected or ["tests/gpu"]), "-q", "-p", "no:cacheprovider",
+                             "-rfE", "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_multigpu.py",
                              f"--junitxml={junit}"], out / "tier.log", tier_env)
-            record("tier", rc, secs, workers=a.workers, cases=_junit_cases(junit) if junit.exists() else None,
+            record("tier", rc, secs, workers=a.workers, tests=a.tests and f"{len(selected)} listed in {a.tests}",
+                   cases=_junit_cases(junit) if junit.exists() else None,
                    counts=_junit_counts(junit) if junit.exists() else None,
                    timeline=summarize(str(timeline)) if timeline.is_dir() else None)
         elif s == "main-cold":
