@@ -281,24 +281,32 @@ def _start_prefetch(names: list[str], tmp: str) -> list[tuple]:
     return started
 
 
-def _wait_prefetch(started: list[tuple], log=print, t_origin: float | None = None) -> list[dict]:
-    """Each prefetch's step, its seconds up to its own exit (all are watched at once). A failed
-    prefetch is not fatal: the lane that needs the kernel builds it itself (and fails, named, if
-    it cannot); the step keeps the prefetch's last line. ``t_origin``: the warmup's start, for
-    the step's ``span_s`` (start and end, seconds from it)."""
-    ended = {}
-    while len(ended) < len(started):
-        for name, proc, _, _ in started:
-            if name not in ended and proc.poll() is not None:
-                ended[name] = time.perf_counter()
-        if len(ended) < len(started):
-            time.sleep(0.1)
+def _wait_ends(procs: list, ended: dict, watch: list = ()) -> None:
+    """Wait until every process of ``procs`` has exited, noting each one's end time in ``ended``
+    (process -> ``perf_counter``) as it comes, and those of ``watch`` (still running beside them:
+    the prefetches during the waves) the same way."""
+    while True:
+        for proc in [*procs, *watch]:
+            if proc not in ended and proc.poll() is not None:
+                ended[proc] = time.perf_counter()
+        if all(p in ended for p in procs):
+            return
+        time.sleep(0.1)
+
+
+def _wait_prefetch(started: list[tuple], log=print, t_origin: float | None = None, ended: dict | None = None) -> list[dict]:
+    """Each prefetch's step, its seconds up to its own exit (``ended``: the end times noted while
+    the lanes ran). A failed prefetch is not fatal: the lane that needs the kernel builds it
+    itself (and fails, named, if it cannot); the step keeps the prefetch's last line.
+    ``t_origin``: the warmup's start, for the step's ``span_s`` (start and end, seconds from it)."""
+    ended = {} if ended is None else ended
+    _wait_ends([proc for _, proc, _, _ in started], ended)
     steps = []
     for name, proc, out, t0 in started:
         rc, last = proc.returncode, _last_line(out)
-        st = {"name": name, "seconds": round(ended[name] - t0, 2), "lane": "prefetch", "last_line": last}
+        st = {"name": name, "seconds": round(ended[proc] - t0, 2), "lane": "prefetch", "last_line": last}
         if t_origin is not None:
-            st["span_s"] = [round(t0 - t_origin, 2), round(ended[name] - t_origin, 2)]
+            st["span_s"] = [round(t0 - t_origin, 2), round(ended[proc] - t_origin, 2)]
         if rc != 0:
             st["error"] = f"exit {rc}"
         steps.append(st)
@@ -318,25 +326,26 @@ def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str
     jobs = ([[{"cases": [lead], "engine": None}]] if lead else []) + [lanes]
     steps = []
     with tempfile.TemporaryDirectory(prefix="hyv4-warmup-") as tmp:
-        started, running = [], []
+        started, running, ended = [], [], {}  # ended: process -> its end time, as noted
         try:
             started = _start_prefetch(list(prefetch), tmp)
             running = _start_wave(jobs[0], tmp, 0) if jobs[0] else []
             if meanwhile is not None:
                 meanwhile()
-            _finish_wave(running, steps, log, t_origin)
+            watch = [proc for _, proc, _, _ in started]
+            _finish_wave(running, steps, log, t_origin, ended, watch)
             n = len(running)
             for wave in jobs[1:]:
                 running = _start_wave(wave, tmp, n) if wave else []
                 n += len(running)
-                _finish_wave(running, steps, log, t_origin)
+                _finish_wave(running, steps, log, t_origin, ended, watch)
         except BaseException:  # a lane or the caller's check failed: the warmup is over, every process too
             for proc in [p for _, p, _, _ in started] + [r[2] for r in running]:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
             raise
-        steps += _wait_prefetch(started, log, t_origin)
+        steps += _wait_prefetch(started, log, t_origin, ended)
     return steps
 
 
@@ -362,22 +371,19 @@ def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
     return running
 
 
-def _finish_wave(running: list[tuple], steps: list, log, t_origin: float) -> None:
-    """Wait for a wave's lanes; their steps to ``steps`` (each with its lane and the lane's
-    ``span_s``); the first failed lane is CannotJudge naming it and its last line."""
-    failed, ended = [], {}
-    while len(ended) < len(running):  # every lane's own end, whichever ends first
-        for n_, _, proc, _, _, _ in running:
-            if n_ not in ended and proc.poll() is not None:
-                ended[n_] = time.perf_counter()
-        if len(ended) < len(running):
-            time.sleep(0.1)
+def _finish_wave(running: list[tuple], steps: list, log, t_origin: float, ended: dict | None = None,
+                 watch: list = ()) -> None:
+    """Wait for a wave's lanes (noting their end times, and those of ``watch``, in ``ended``);
+    their steps to ``steps`` (each with its lane and the lane's ``lane_span_s``); the first failed
+    lane is CannotJudge naming it and its last line."""
+    failed, ended = [], {} if ended is None else ended
+    _wait_ends([r[2] for r in running], ended, watch)
     for n_, lane, proc, report, out, t0 in running:
         if proc.returncode != 0:
             names = ", ".join(lane["cases"] + ([lane["engine"]] if lane["engine"] else []))
             failed.append(f"warmup lane {n_} ({names}): exit {proc.returncode}: {_last_line(out)}")
             continue
-        span = [round(t0 - t_origin, 2), round(ended[n_] - t_origin, 2)]
+        span = [round(t0 - t_origin, 2), round(ended[proc] - t_origin, 2)]
         with open(report) as f:
             for st in json.load(f)["steps"]:
                 steps.append({**st, "lane": n_, "lane_span_s": span})

@@ -639,3 +639,21 @@ def test_a_fresh_root_starts_the_lanes_before_the_checks_and_a_failed_check_stop
     assert time.perf_counter() - t0 < 60  # the 120 s prefetch was killed, not waited for
     assert events == (["checks"] if stamped else ["prefetch", "lead", "checks"])
     assert all(p.poll() is not None for p in procs)
+
+
+def test_each_lane_and_prefetch_is_timed_to_its_own_end(monkeypatch):
+    """The report's spans: a prefetch that ends while a lane still runs has its own end time
+    (not the moment the lanes were done), and each lane's span covers its steps."""
+    from harness.ci_speed import warmup
+
+    def lane_command(cases, engine, report):  # a lane of 1.5 s that reports one step
+        return [sys.executable, "-c", "import json, sys, time; time.sleep(1.5); "
+                f"json.dump({{'steps': [{{'name': 'x', 'seconds': 1.5}}]}}, open({report!r}, 'w'))"]
+    monkeypatch.setattr(warmup, "_lane_command", lane_command)
+    monkeypatch.setitem(warmup.PREFETCH, "quick", (lambda cases, engine: True, "print('prefetch: built')"))
+    steps = warmup.run_lanes(None, [{"cases": ["tiny-k3-share"], "engine": None}], prefetch=["quick"])
+    (lane,) = [s for s in steps if s["lane"] == 1]
+    (pre,) = [s for s in steps if s["lane"] == "prefetch"]
+    assert lane["lane_span_s"][1] - lane["lane_span_s"][0] >= 1.5
+    assert pre["span_s"][1] < lane["lane_span_s"][1] - 0.5, (pre, lane)
+    assert pre["seconds"] < 1.0 and pre["last_line"] == "prefetch: built"
