@@ -100,20 +100,13 @@ def test_engines_run_beside_the_side_by_side_and_report_after_it(tmp_path, faked
     assert out.index("ok   side-by-side tiny-k3-share") < out.index("cannot judge: engine engine-tiny-k2")
 
 
-@pytest.mark.parametrize("ids, shared, preset, want", [
-    (["engine-tiny-k2"], False, None, None),  # alone on the GPU: vLLM profiles its memory as usual
-    (["engine-tiny-k2"], True, None, "4"),  # beside this process's side-by-side runs
-    (["engine-tiny-k2", "engine-tiny-k3-share"], False, None, "4"),  # several engines at once
-    (["engine-tiny-k2", "engine-tiny-k3-share"], False, "8", "8"),  # the user's size wins
-])
-def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, monkeypatch):
+def _record_engine_starts(monkeypatch) -> list:
+    """Engine subprocesses that are not started: each start recorded as (command, environment)."""
     import subprocess
-
-    from harness.production.engine.session import ENGINE_KV_GIB_ENV
 
     started = []
 
-    class Recorder:  # stands in for the engine subprocess: records how it was started
+    class Recorder:  # stands in for the engine subprocess
         def __init__(self, cmd, env, **kw):
             started.append((cmd, env))
 
@@ -124,6 +117,19 @@ def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, 
             return 125
 
     monkeypatch.setattr(subprocess, "Popen", Recorder)
+    return started
+
+
+@pytest.mark.parametrize("ids, shared, preset, want", [
+    (["engine-tiny-k2"], False, None, None),  # alone on the GPU: vLLM profiles its memory as usual
+    (["engine-tiny-k2"], True, None, "4"),  # beside this process's side-by-side runs
+    (["engine-tiny-k2", "engine-tiny-k3-share"], False, None, "4"),  # several engines at once
+    (["engine-tiny-k2", "engine-tiny-k3-share"], False, "8", "8"),  # the user's size wins
+])
+def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, monkeypatch):
+    from harness.production.engine.session import ENGINE_KV_GIB_ENV
+
+    started = _record_engine_starts(monkeypatch)
     if preset is None:
         monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
     else:
@@ -145,30 +151,16 @@ def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, 
 ])
 def test_engines_computing_beside_others_get_their_share_of_the_cores(ids, shared, preset, processes,
                                                                       monkeypatch):
-    import subprocess
-
     from harness.production.can_run import THREAD_VARS, cpu_share
 
-    started = []
-
-    class Recorder:  # stands in for the engine subprocess: records how it was started
-        def __init__(self, cmd, env, **kw):
-            started.append(env)
-
-        def poll(self):
-            return 125
-
-        def wait(self):
-            return 125
-
-    monkeypatch.setattr(subprocess, "Popen", Recorder)
+    started = _record_engine_starts(monkeypatch)
     for var in THREAD_VARS:
         monkeypatch.setenv(var, preset) if preset else monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # a 16-core host
     runs = compare_cli.start_engine_cases(ids, gpu_shared=shared)
     compare_cli.stop_engine_cases(runs)
     want = preset or (str(cpu_share(processes)) if processes else None)
-    assert {env.get(var) for env in started for var in THREAD_VARS} == {want}
+    assert {env.get(var) for _, env in started for var in THREAD_VARS} == {want}
     if processes:
         assert int(want) == 16 // processes
 
