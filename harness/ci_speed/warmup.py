@@ -294,7 +294,8 @@ def _wait_ends(procs: list, ended: dict, watch: list = ()) -> None:
         time.sleep(0.1)
 
 
-def _wait_prefetch(started: list[tuple], log=print, t_origin: float | None = None, ended: dict | None = None) -> list[dict]:
+def _wait_prefetch(started: list[tuple], log=print, t_origin: float | None = None,
+                   ended: dict | None = None) -> list[dict]:
     """Each prefetch's step, its seconds up to its own exit (``ended``: the end times noted while
     the lanes ran). A failed prefetch is not fatal: the lane that needs the kernel builds it
     itself (and fails, named, if it cannot); the step keeps the prefetch's last line.

@@ -354,10 +354,10 @@ class _SideBySide:
 
 class _ThreadShare:
     """This process's torch threads while ``runs`` (engine subprocesses started beside it) compute:
-    its share of the cores (``can_run.cpu_share``, as theirs; never more than it had), back to what it had once they have
-    all exited (``update``, between cases) or the work ends (``restore``). A thread count the user
-    set (``OMP_NUM_THREADS``) is left alone. Thread counts move float64 CPU sums in their last bits
-    only; every tolerance is orders of magnitude above that."""
+    its share of the cores (``can_run.cpu_share``, as theirs; never more than it had), back to
+    what it had once they have all exited (``update``, between cases) or the work ends
+    (``restore``). A thread count the user set (``OMP_NUM_THREADS``) is left alone. Thread counts
+    move float64 CPU sums in their last bits only; every tolerance is orders of magnitude above that."""
 
     def __init__(self, runs: list):
         import os
