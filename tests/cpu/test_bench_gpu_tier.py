@@ -38,8 +38,37 @@ def test_a_tier_that_skipped_is_no_tier_figure(capsys):
     res["tier"].update(seconds=85.8, counts={"passed": 64, "failed": 0, "skipped": 0})
     B.print_table(res)
     out = capsys.readouterr().out
-    assert "GPU tier, fresh host (warmup cold + tier)" in out and "255.8" in out
+    assert "fresh host" not in out  # this tier is not known to be the first after the cold warmup
     assert "GPU tier, kept cache (warmup-kept + tier)" in out and "90.8" in out
+    res["tier"]["first_after_cold_warmup"] = True
+    B.print_table(res)
+    out = capsys.readouterr().out
+    assert "GPU tier, fresh host (warmup cold + first tier)" in out and "255.8" in out
+
+
+def test_a_fresh_host_is_a_cold_warmup_and_the_first_tier_after_it(tmp_path, monkeypatch, capsys):
+    """A second tier on the same cache finds what the first compiled: only the first pairs with
+    the cold warmup as the fresh-host figure, across invocations sharing --out; emptying the
+    cache again starts over."""
+    import json
+
+    monkeypatch.setattr(B, "_run", lambda cmd, log, env: (0, 100.0))
+    monkeypatch.setattr(B, "_junit_counts", lambda p: {"passed": 3, "failed": 0, "skipped": 0})
+    monkeypatch.setattr(B, "_junit_cases", lambda p: {})
+    out = tmp_path / "out"
+    (out / "tier-junit.xml").parent.mkdir()
+    (out / "tier-junit.xml").write_text(JUNIT)
+
+    def tier_first(only):
+        assert B.main(["--out", str(out), "--only", only]) == 0
+        return json.loads((out / "bench_gpu_tier.json").read_text())["tier"]["first_after_cold_warmup"]
+
+    assert tier_first("warmup-cold,tier") is True
+    assert "GPU tier, fresh host (warmup cold + first tier)" in capsys.readouterr().out
+    assert tier_first("tier") is False
+    assert "fresh host" not in capsys.readouterr().out
+    assert tier_first("warmup-cold,bisect,tier") is False  # the bisect warmed what it ran first
+    assert tier_first("warmup-cold,tier") is True
 
 
 def test_an_unknown_step_is_bad_input(tmp_path, capsys):
