@@ -537,7 +537,10 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun
     memory profiling (it fails when another process allocates or frees meanwhile) and asks
     its start-up check for 0.1 of the GPU (harness.production.engine.session.engine_kwargs).
     They share the host's CPU too: each gets its share of the cores as torch threads
-    (``can_run.cpu_share``; this process takes its own with ``_ThreadShare``)."""
+    (``can_run.cpu_share``; this process takes its own with ``_ThreadShare``). vLLM keeps a count
+    set this way for serving, as it keeps any ``OMP_NUM_THREADS`` set outside it (unset, it drops
+    its own process to 1 thread after loading); the GPU tier's engines run the same way, under
+    their xdist worker's share."""
     import os
     import subprocess
     import sys
