@@ -352,7 +352,6 @@ def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str
 
 def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
     """Start each lane of ``wave`` (numbered from ``n + 1``), one ``python -m harness warmup`` process each."""
-    from ..production.can_run import shared_thread_env
     from ..production.engine.cases import engine_env
 
     running = []
@@ -362,9 +361,7 @@ def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
         # an engine beside other lanes gets a fixed KV size: vLLM's memory profiling fails
         # when another lane frees GPU memory meanwhile (seen with vLLM 0.34.0); lanes side by
         # side split the cores as torch threads (nvcc, the prefetches' work, is not torch's pool)
-        env = engine_env(bool(lane["engine"]) and len(wave) > 1)
-        if len(wave) > 1:
-            env = shared_thread_env(env, len(wave))
+        env = engine_env(bool(lane["engine"]) and len(wave) > 1, computing=len(wave))
         with open(out, "w") as f:
             proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
                                     stdout=f, stderr=subprocess.STDOUT, env=env)

@@ -546,13 +546,10 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun
     import sys
     import tempfile
 
-    from harness.production.can_run import shared_thread_env
     from harness.production.engine.cases import engine_env
 
-    env = engine_env(gpu_shared or len(case_ids) > 1)
-    computing = len(case_ids) + (1 if gpu_shared else 0)  # processes on this host's CPU at once
-    if computing > 1:
-        env = shared_thread_env(env, computing)
+    # the processes on this host's CPU at once: the engines, and this one when it runs cases too
+    env = engine_env(gpu_shared or len(case_ids) > 1, computing=len(case_ids) + (1 if gpu_shared else 0))
     runs = []
     try:
         for cid in case_ids:

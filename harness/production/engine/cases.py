@@ -14,13 +14,17 @@ ENGINE_KV_GIB_ENV = "HYV4_ENGINE_KV_CACHE_GIB"
 SHARED_GPU_KV_GIB = "4"
 
 
-def engine_env(shared_gpu: bool, env: dict | None = None) -> dict:
+def engine_env(shared_gpu: bool, env: dict | None = None, computing: int = 1) -> dict:
     """The environment of an engine subprocess: ``env`` (default ``os.environ``), with a fixed KV
-    size (``SHARED_GPU_KV_GIB`` unless one is set) when other processes use the GPU beside it."""
+    size (``SHARED_GPU_KV_GIB`` unless one is set) when other processes use the GPU beside it,
+    and, when ``computing`` processes (it included) use the host's CPU at once, its share of the
+    cores as torch threads (``can_run.shared_thread_env``, unless the user set a count)."""
+    from harness.production.can_run import shared_thread_env
+
     env = dict(os.environ if env is None else env)
     if shared_gpu and not env.get(ENGINE_KV_GIB_ENV, "").strip():
         env[ENGINE_KV_GIB_ENV] = SHARED_GPU_KV_GIB
-    return env
+    return shared_thread_env(env, computing) if computing > 1 else env
 
 
 # The registry's engine cases (``harness.case_registry``, the one place a case is declared)
