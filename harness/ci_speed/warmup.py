@@ -425,21 +425,18 @@ def run(args, log=print) -> dict:
     all_cold = not getattr(args, "if_cold", False) or not (root and read_stamp(root).get("steps"))
     t_all = time.perf_counter()
     if lanes_wanted and all_cold and len(wanted) > 1 and can_run.gpu_device_nodes():
-        _plan_into(rep, cases, wanted, args)  # started at once, checked meanwhile
-        rep["steps"] = run_lanes(rep["lead"], rep["lanes_planned"], log, prefetch=rep["prefetch"],
-                                 meanwhile=checks, t_origin=t_origin)
+        lead, lanes = _plan_into(rep, cases, wanted, args)  # started at once, checked meanwhile
+        rep["steps"] = run_lanes(lead, lanes, log, prefetch=rep["prefetch"], meanwhile=checks, t_origin=t_origin)
     else:
         checks()
         todo = cold_steps(wanted, read_stamp(root), rep["versions"]) if getattr(args, "if_cold", False) \
             else dict(wanted)
         rep["skipped_warm"] = sorted(set(wanted) - set(todo))
         if lanes_wanted and len(todo) > 1:  # this process only plans and waits
-            _plan_into(rep, [c for c in cases if c in todo], todo, args)
-            rep["steps"] = run_lanes(rep["lead"], rep["lanes_planned"], log, prefetch=rep["prefetch"],
-                                     t_origin=t_origin)
+            lead, lanes = _plan_into(rep, cases, todo, args)
+            rep["steps"] = run_lanes(lead, lanes, log, prefetch=rep["prefetch"], t_origin=t_origin)
         else:
             _in_this_process(rep, cases, todo, args, root, log)
-    rep.pop("lanes_planned", None)
     rep["seconds"] = round(time.perf_counter() - t_all, 2)
     phases["work"] = rep["seconds"]
     if root:
@@ -449,14 +446,14 @@ def run(args, log=print) -> dict:
     return rep
 
 
-def _plan_into(rep: dict, cases: list[str], todo: dict, args) -> None:
-    """The lanes of ``todo`` (the lead, the lanes, the prefetches) into ``rep``."""
+def _plan_into(rep: dict, cases: list[str], todo: dict, args) -> tuple[str | None, list[dict]]:
+    """The lanes of ``todo`` -> (lead, lanes); the plan (lead, lanes, prefetches) recorded in ``rep``."""
     engine = args.engine if not args.no_engine and args.engine in todo else None
     lead, lanes = plan_lanes([c for c in cases if c in todo], engine, args.lanes)
     rep["lanes"] = [lane["cases"] + ([lane["engine"]] if lane["engine"] else []) for lane in lanes]
-    rep["lanes_planned"] = lanes
     rep["lead"] = lead
     rep["prefetch"] = plan_prefetch([c for c in cases if c in todo], engine is not None)
+    return lead, lanes
 
 
 def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -> None:
