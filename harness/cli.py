@@ -166,23 +166,29 @@ def _on_production(command: str, args) -> int:
 
     Arguments are checked first (a wrong flag is exit 2 on any machine)."""
     from .production import can_run
-    from .commands.compare import validate_args
-
-    validate_args(command, args)
-    reason = can_run.cannot_run_production_reason()
-    if reason:
-        print(f"cannot judge: {reason}")
-        return EXIT_CANNOT_JUDGE
     from .commands import compare as compare_cli
-    from .production.kernel_paths import judged_without
 
-    without = judged_without()  # a missing optional kernel, judged anyway on request: said first and last
-    if without:
-        print(f"warning: the verdict below is{without}")
-    code = getattr(compare_cli, command)(args)
-    if without:
-        print(f"verdict: exit {code}{without}")
-    return code
+    compare_cli.validate_args(command, args)
+    # what the command starts in subprocesses that check the host themselves (bisect-check's
+    # engines) starts now, beside this process's own checks; stopped if they fail
+    early = compare_cli.start_early(command, args) if can_run.gpu_device_nodes() else []
+    try:
+        reason = can_run.cannot_run_production_reason()
+        if reason:
+            print(f"cannot judge: {reason}")
+            return EXIT_CANNOT_JUDGE
+        from .production.kernel_paths import judged_without
+
+        without = judged_without()  # a missing optional kernel, judged anyway on request: said first and last
+        if without:
+            print(f"warning: the verdict below is{without}")
+        run = getattr(compare_cli, command)
+        code = run(args, started=early) if early else run(args)
+        if without:
+            print(f"verdict: exit {code}{without}")
+        return code
+    finally:
+        compare_cli.stop_engine_cases(early)  # those the command collected are stopped already
 
 
 def cmd_compare(args) -> int:

@@ -20,19 +20,9 @@ import pathlib
 import sys
 import time
 
+from .process_clock import process_start_epoch
+
 ENV = "HYV4_TIMELINE"
-
-
-def process_start_epoch() -> float | None:
-    """This process's start (seconds since the epoch) from ``/proc``; None off Linux."""
-    try:
-        fields = pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[19])  # field 22, starttime, in clock ticks after boot
-        btime = next(int(ln.split()[1]) for ln in pathlib.Path("/proc/stat").read_text().splitlines()
-                     if ln.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 class Recorder:

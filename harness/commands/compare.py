@@ -26,6 +26,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from harness.ci_speed.process_clock import process_age_s
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
 from harness.case_registry import ids as case_ids
 from harness.production.cases import BISECT_CASES
@@ -431,20 +432,43 @@ def _side_by_side_cases(ids, plant, golden, out: _SideBySide, share: _ThreadShar
         out.verdict = worst([out.verdict, code])
 
 
-def bisect_command(args) -> int:
+def bisect_engine_ids(args) -> list[str]:
+    """The engine cases of a bisect-check (none when it records a baseline)."""
+    from harness.production.engine.cases import ENGINE_CASES
+
+    if getattr(args, "record_baseline", None):
+        return []
+    return [c for c in bisect_case_ids(args) if c in ENGINE_CASES]
+
+
+def start_early(command: str, args) -> list[_EngineRun]:
+    """The subprocesses ``command`` starts before this process's own host checks (``cli._on_production``):
+    bisect-check's engines, each of which imports vLLM and checks the host itself, so that those
+    seconds overlap this process's instead of following them (their end is the bisect's critical
+    path). Its arguments are checked already; where the checks then fail, the caller stops them
+    (``stop_engine_cases``). Any other command: none."""
+    if command != "bisect_command":
+        return []
+    engine_ids = bisect_engine_ids(args)
+    side_by_side = [c for c in bisect_case_ids(args) if c not in engine_ids]
+    return start_engine_cases(engine_ids, gpu_shared=bool(side_by_side))
+
+
+def bisect_command(args, started: list[_EngineRun] | None = None) -> int:
+    """``started``: its engine subprocesses, when ``start_early`` started them (else started here);
+    collected and stopped here either way."""
+    t_entry = process_age_s()
     if getattr(args, "record_baseline", None):
         return record_baseline_command(args)
     from harness import goldens
     from harness.regimes import coverage, uncovered
     from harness.report import save_report
 
-    from harness.production.engine.cases import ENGINE_CASES
     from harness.production.goldens import baseline, goldens_gpu
     from harness.production.module.side_by_side import run_facts
 
-    ids = bisect_case_ids(args)
-    engine_ids = [c for c in ids if c in ENGINE_CASES]
-    ids = [c for c in ids if c not in ENGINE_CASES]
+    engine_ids = bisect_engine_ids(args)
+    ids = [c for c in bisect_case_ids(args) if c not in engine_ids]
     # the golden each case is judged against: a host baseline (refused, exit 2, when recorded on
     # another platform: before anything runs) or the checked-in goldens
     stamp = None
@@ -455,16 +479,21 @@ def bisect_command(args) -> int:
               f"{describe_vllm(stamp.get('recorded_with'))}")
     else:
         golden = ("golden", goldens.ROOT)
-    # the speculator path: one engine per subprocess, started first and running while this
-    # process runs the side-by-side cases on the same GPU, collected (and printed) after them
-    # (a --plant mutant patches the module-level model only; HYV4_SPECULATOR_MUTANT the speculator)
-    started = start_engine_cases(engine_ids, gpu_shared=bool(ids))
+    # the speculator path: one engine per subprocess, started first (by start_early, before this
+    # process's host checks) and running while this process runs the side-by-side cases on the same
+    # GPU, collected (and printed) after them (a --plant mutant patches the module-level model only;
+    # HYV4_SPECULATOR_MUTANT the speculator)
+    if started is None:
+        started = start_engine_cases(engine_ids, gpu_shared=bool(ids))
     try:
         sbs = _bisect_side_by_side(ids, getattr(args, "plant", None), golden, beside=started)
     except BaseException:
         stop_engine_cases(started)
         raise
+    t_side_by_side = process_age_s()
     engine, engine_verdict = collect_engine_cases(started)
+    timeline = _timeline(started, engine, checked=t_entry, side_by_side=t_side_by_side,
+                         collected=process_age_s())
     verdict = worst([sbs.verdict, engine_verdict])
     if sbs.failed_line is not None:  # a side-by-side case did not run: its one line, then stop
         print(sbs.failed_line)
@@ -475,9 +504,25 @@ def bisect_command(args) -> int:
     if args.report:
         save_report(args.report, sbs.reports, {
             **run_facts(), "engine": engine, "regimes": sbs.regimes, "torch_threads": sbs.threads,
+            "timeline_s": timeline,
             "regime_coverage": coverage(sbs.regimes), "not_judged": sbs.not_judged,
             "golden_root": str(golden[1]), "baseline": stamp})
     return unjudged_verdict(verdict, sbs.not_judged, getattr(args, "allow_unjudged", False))
+
+
+def _timeline(runs: list[_EngineRun], engine: dict, **marks: float | None) -> dict:
+    """Where the bisect's wall time went, in seconds of this process's life (``process_age_s``):
+    ``marks`` (its host checks done, its side-by-side cases done, the engines collected) and each
+    engine's span, from its start to its case's end (its own start-up and case seconds as it
+    reported them; its exit is later by the report's write). Off Linux: empty."""
+    out = {k: round(v, 2) for k, v in marks.items() if v is not None}
+    if len(out) < len(marks):
+        return {}
+    for r in runs:
+        t = (engine.get(r.case_id) or {}).get("timing_s") or {}
+        if r.started_s is not None and "start_up" in t and "total" in t:
+            out[f"engine {r.case_id}"] = [round(r.started_s, 2), round(r.started_s + t["start_up"] + t["total"], 2)]
+    return out
 
 
 def record_baseline_command(args) -> int:
@@ -528,6 +573,7 @@ class _EngineRun:
     case_id: str
     proc: object  # subprocess.Popen
     tmp: object  # tempfile.TemporaryDirectory: the report and the process's output
+    started_s: float | None = None  # when, in seconds of this process's life (process_age_s)
 
 
 def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun]:
@@ -557,7 +603,7 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun
             with open(os.path.join(tmp.name, "output.txt"), "w") as log:
                 proc = subprocess.Popen([sys.executable, "-m", "harness.production.engine", "--case", cid,
                                          "--out", tmp.name], stdout=log, stderr=subprocess.STDOUT, env=env)
-            runs.append(_EngineRun(cid, proc, tmp))
+            runs.append(_EngineRun(cid, proc, tmp, process_age_s()))
     except BaseException:
         stop_engine_cases(runs)
         raise

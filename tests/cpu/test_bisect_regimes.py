@@ -218,3 +218,72 @@ def test_side_by_side_takes_its_share_while_engines_run_and_gets_its_threads_bac
         assert seen == [before]
     finally:
         torch.set_num_threads(tier_threads)
+
+
+def test_engines_start_before_the_host_checks_and_stop_when_they_fail(monkeypatch, capsys):
+    """On a GPU host, bisect-check's engines start as soon as its arguments are checked, so that
+    their own imports and host checks overlap this process's; when this process's checks then say
+    production cannot run here, the answer is the one line (125) and every engine is stopped."""
+    from harness import cli
+    from harness.production import can_run
+
+    started = _record_engine_starts(monkeypatch)
+    monkeypatch.setattr(can_run, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
+    seen_at_check = []
+
+    def engines_started():  # (vLLM's model-info prefetch is started on a GPU host too)
+        return [cmd[cmd.index("--case") + 1] for cmd, _ in started if "--case" in cmd]
+
+    def reason():
+        seen_at_check.append(len(engines_started()))
+        return "vLLM 9.9: the speculator is gone"
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", reason)
+    stopped = []
+    real_stop = compare_cli.stop_engine_cases
+    monkeypatch.setattr(compare_cli, "stop_engine_cases", lambda runs: (stopped.extend(runs), real_stop(runs)))
+    assert cli.main(["bisect-check"]) == 125
+    assert capsys.readouterr().out.strip() == "cannot judge: vLLM 9.9: the speculator is gone"
+    engines = list(compare_cli.DEFAULT_BISECT_ENGINE_CASES)
+    assert engines and seen_at_check == [len(engines)]
+    assert engines_started() == engines
+    assert [r.case_id for r in stopped] == engines and all(not os.path.exists(r.tmp.name) for r in stopped)
+
+
+@pytest.mark.parametrize("argv, handed", [
+    (["bisect-check"], list(compare_cli.DEFAULT_BISECT_ENGINE_CASES)),
+    (["bisect-check", "--case", "tiny-k3-share"], None),  # no engine case: nothing started early
+    (["bisect-check", "--record-baseline", "{tmp}/b"], None),  # a baseline runs no engine
+])
+def test_the_command_gets_the_engines_started_early(argv, handed, tmp_path, monkeypatch):
+    from harness import cli
+    from harness.production import can_run
+
+    started = _record_engine_starts(monkeypatch)
+    monkeypatch.setattr(can_run, "gpu_device_nodes", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
+    got = []
+
+    def bisect_command(args, started=None):
+        got.append(None if started is None else [r.case_id for r in started])
+        return 0
+    monkeypatch.setattr(compare_cli, "bisect_command", bisect_command)
+    assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 0
+    assert got == [handed]
+    assert len([cmd for cmd, _ in started if "--case" in cmd]) == len(handed or [])
+
+
+def test_the_bisect_report_says_where_its_time_went(tmp_path, faked):
+    """``meta.timeline_s``: this process's marks, in seconds of its life, in order; and each
+    engine's span from its start to its case's end, from the start-up and case seconds it reported."""
+    assert compare_cli.bisect_command(_args(tmp_path, ["tiny-k3-share"])) == EXIT_OK
+    doc = json.loads((tmp_path / "bisect.json").read_text())
+    t = doc["meta"]["timeline_s"]
+    assert set(t) == {"checked", "side_by_side", "collected"}
+    assert 0 < t["checked"] <= t["side_by_side"] <= t["collected"]
+
+    class Run:
+        case_id, started_s = "engine-x", 1.5
+    spans = compare_cli._timeline([Run()], {"engine-x": {"timing_s": {"start_up": 8.0, "total": 10.25}}},
+                                  checked=9.0, side_by_side=16.0, collected=20.0)
+    assert spans == {"checked": 9.0, "side_by_side": 16.0, "collected": 20.0, "engine engine-x": [1.5, 19.75]}
+    assert compare_cli._timeline([Run()], {}, checked=None, side_by_side=1.0, collected=2.0) == {}

@@ -84,3 +84,16 @@ def test_the_command_prints_a_summary_and_exits_2_on_a_directory_without_records
         assert timeline.main(argv) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and (not argv or argv[0] in err)
+
+
+def test_process_age_is_the_time_since_the_process_started():
+    import time
+
+    from harness.ci_speed.process_clock import process_age_s, process_start_epoch
+
+    age = process_age_s()
+    if age is None:
+        pytest.skip("no /proc here")
+    assert 0 < age < 3600
+    assert abs(process_start_epoch() - (time.time() - process_age_s())) < 0.1
+    assert process_age_s() >= age

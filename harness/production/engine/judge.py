@@ -298,7 +298,12 @@ def engine_verdict(rep: dict) -> Verdict:
 
 def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str | None = None) -> Verdict:
     """Build, load, hook, generate, replay, judge: the verdict (its ``to_report()`` the JSON-able
-    report). ``mutant`` is planted before the engine is built (as ``bisect-check`` passes it on)."""
+    report). ``mutant`` is planted before the engine is built (as ``bisect-check`` passes it on).
+    Its ``timing_s.start_up``: this process's seconds before the case began (the interpreter,
+    the imports and the host checks: in a process of its own, the cost of one more engine)."""
+    from harness.ci_speed.process_clock import process_age_s
+
+    start_up = process_age_s()
     t0 = time.perf_counter()
     planted = None
     if mutant:
@@ -306,7 +311,10 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
         planted = apply_mutant(mutant)
         log("planted speculator bug:", json.dumps(planted))
     sess = build_session(case, log=log)
-    return engine_verdict(generate_and_judge(sess, out=out, log=log, mutant=planted, t0=t0))
+    rep = generate_and_judge(sess, out=out, log=log, mutant=planted, t0=t0)
+    if start_up is not None:
+        rep["timing_s"]["start_up"] = start_up
+    return engine_verdict(rep)
 
 
 def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: str | None = None) -> dict:
