@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from harness.ci_env import ci_is_set
-from harness.production.can_run import cannot_run_production_reason
+from harness.exitcodes import EXIT_CANNOT_JUDGE
+from harness.production.can_run import BackgroundCheck, gpu_device_nodes
 
 pytest_plugins = ["harness.ci_speed.pytest_plugin"]
 
@@ -62,26 +63,68 @@ def pytest_configure(config):
     settings.load_profile(profile)
 
 
+# Can production run here: asked once per pytest process, in the background from the end of its
+# collection (harness.production.can_run.BackgroundCheck), and waited for by the first GPU test
+# that runs production in this process. A ``gpu_subprocess`` test (its engine runs in a
+# subprocess that checks the host itself) does not wait: it starts at once, and only its
+# subprocess's "cannot judge" (125) asks for the answer (``production_gate``).
+_HOST = BackgroundCheck()
+
+
+def _reaches_production(item) -> bool:
+    return bool(item.get_closest_marker("gpu") or item.get_closest_marker("multigpu")) \
+        and not item.get_closest_marker("cuda_only")
+
+
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection
 def pytest_collection_modifyitems(config, items):
-    gpu_reason = None
-    checked = False
+    gated = False
     for item in items:
         if item.get_closest_marker("cuda_only"):  # the reference on CUDA: vLLM not needed
             import torch
             if not torch.cuda.is_available():
                 item.add_marker(pytest.mark.skip(reason="no CUDA device"))
-        elif item.get_closest_marker("gpu") or item.get_closest_marker("multigpu"):
-            if not checked:
-                gpu_reason, checked = cannot_run_production_reason(), True
-            if gpu_reason:
-                item.add_marker(pytest.mark.skip(reason=gpu_reason))
-            elif item.get_closest_marker("multigpu"):
-                import torch
-                if torch.cuda.device_count() < 2:
-                    item.add_marker(pytest.mark.skip(reason=f"needs 2 GPUs, found {torch.cuda.device_count()}"))
+        elif _reaches_production(item):
+            if not gpu_device_nodes():  # what cannot_run_production_reason says first, without torch
+                item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+            else:
+                gated = True
         if item.get_closest_marker("real_checkpoint") and not config.getoption("--hyv4-checkpoint"):
             item.add_marker(pytest.mark.skip(reason="needs --hyv4-checkpoint PATH"))
+    if gated:
+        _HOST.start()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures
+def pytest_runtest_setup(item):
+    if not _HOST.started or not _reaches_production(item) or item.get_closest_marker("skip"):
+        return
+    if item.get_closest_marker("gpu_subprocess") and not _HOST.done():
+        return  # judged after its subprocess (production_gate)
+    reason = _HOST.reason()
+    if reason:
+        pytest.skip(reason)
+    if item.get_closest_marker("multigpu"):
+        import torch
+        if torch.cuda.device_count() < 2:
+            pytest.skip(f"needs 2 GPUs, found {torch.cuda.device_count()}")
+
+
+def pytest_unconfigure(config):
+    _HOST.wait()  # a check still importing when the process ends (--collect-only) ends first
+
+
+@pytest.fixture
+def production_gate():
+    """For a ``gpu_subprocess`` test: ``production_gate(returncode)`` after its subprocess. Exit 125
+    on a host where this process's check says production cannot run is a skip, with that reason;
+    any other result stands (a 125 on a host that can run production is the test's to judge)."""
+    def gate(returncode: int) -> None:
+        if returncode == EXIT_CANNOT_JUDGE and _HOST.started:
+            reason = _HOST.reason()
+            if reason:
+                pytest.skip(reason)
+    return gate
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import pathlib
 import sys
 import time
 
-from .process_clock import process_start_epoch
+from ..process_clock import process_start_epoch
 
 ENV = "HYV4_TIMELINE"
 

@@ -26,7 +26,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from harness.ci_speed.process_clock import process_age_s
+from harness.process_clock import process_age_s
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line, worst
 from harness.case_registry import ids as case_ids
 from harness.production.cases import BISECT_CASES

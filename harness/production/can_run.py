@@ -37,6 +37,53 @@ def cannot_run_production_reason() -> str | None:
     return kernel_paths.cannot_judge_reason()
 
 
+class BackgroundCheck:
+    """``cannot_run_production_reason()``, asked once, in a background thread (``start``): what it
+    imports (torch, CUDA, vLLM, the internals the production path reaches; measured as 13-15 s
+    of every GPU-tier xdist worker's collection) then overlaps work that needs none of it, such as
+    a test whose engine runs in a subprocess that checks the host itself. ``done``: whether the
+    answer is in; ``reason``: the answer, waited for (what the check raised is raised there).
+    Whoever then imports vLLM in this process waits for ``reason`` first: two threads importing
+    vLLM's modules at once could meet its import cycles half-initialised."""
+
+    def __init__(self):
+        self._thread = None
+        self._answer: tuple[str | None, BaseException | None] = (None, None)
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        import threading
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hyv4-host-check", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._answer = (cannot_run_production_reason(), None)  # looked up now: tests patch it
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever asks (reason)
+            self._answer = (None, exc)
+
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Until the check has ended, if it was started (a process ending before it asked)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def reason(self) -> str | None:
+        self.start()
+        self.wait()
+        reason, exc = self._answer
+        if exc is not None:
+            raise exc
+        return reason
+
+
 def cannot_run_engine_reason() -> str | None:
     """``cannot_run_production_reason``, then what the engine path and the speculator mutants
     need besides: the speculator internals and every hook point (``engine/hook_points.py``)."""

@@ -201,8 +201,8 @@ ENTRY_POINTS_INTO_CI_SPEED = {
     "harness.production.side_by_side": ("harness.ci_speed.jit_cache",),
 }
 # What ci_speed may import from the numeric harness: the shared plumbing of every command (atomic
-# writes, the exit-code contract, input checks) anywhere; the rest only where a module must.
-CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks")
+# writes, the exit-code contract, input checks, the process clock) anywhere; the rest only where a module must.
+CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks", "harness.process_clock")
 CI_SPEED_MAY_IMPORT = {
     # it runs the production side of every GPU case to compile its kernels, asking first whether
     # production can run here

@@ -89,7 +89,7 @@ def test_the_command_prints_a_summary_and_exits_2_on_a_directory_without_records
 def test_process_age_is_the_time_since_the_process_started():
     import time
 
-    from harness.ci_speed.process_clock import process_age_s, process_start_epoch
+    from harness.process_clock import process_age_s, process_start_epoch
 
     age = process_age_s()
     if age is None:

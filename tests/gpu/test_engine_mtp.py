@@ -24,7 +24,7 @@ import pytest
 from harness.production.engine.cases import ENGINE_CASES
 from harness.production.engine.judge import rejudge, upstream_gap, verdict_problems
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_subprocess]  # the engine checks the host itself
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # ~2/3 of the synthetic draft tokens are near-ties under the logits tolerance (top-2 gap
@@ -34,12 +34,13 @@ TIMEOUT_S = 900
 
 
 @pytest.mark.parametrize("case_id", list(ENGINE_CASES))
-def test_engine_draft_tokens_match_reference(case_id, tmp_path):
+def test_engine_draft_tokens_match_reference(case_id, tmp_path, production_gate):
     out = os.environ.get("HYV4_REPORT_DIR") or str(tmp_path)
     cmd = [sys.executable, "-m", "harness.production.engine", "--case", case_id, "--out", out]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     print(proc.stdout[-30000:])
     print(proc.stderr[-15000:], file=sys.stderr)
+    production_gate(proc.returncode)
     path = os.path.join(out, f"engine_mtp_{case_id}.json")
     assert os.path.exists(path), f"no report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-4000:]}"
     with open(path) as f:

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.production.can_run import cannot_run_production_reason
-
-_REASON = cannot_run_production_reason()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=f"production cannot run: {_REASON}")]
+pytestmark = pytest.mark.gpu  # gated by the root conftest (production must run here)
 
 
 def test_dropped_expert_bias_exits_1_naming_it(monkeypatch, capsys):

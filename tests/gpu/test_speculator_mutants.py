@@ -22,17 +22,23 @@ import pytest
 
 from harness.production.engine.speculator_mutants import MUTANTS
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_subprocess]  # each engine checks the host itself
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = sorted({m.case for m in MUTANTS.values() if not m.at_build})
 
 
-def _engine(args: list[str], tmp_path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "harness.production.engine", *args, "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    print(proc.stdout[-6000:])
-    return proc
+@pytest.fixture
+def engine(tmp_path, production_gate):
+    """``engine(args)``: ``python -m harness.production.engine ARGS --out tmp_path``, gated (a host
+    that cannot run production: a skip)."""
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "harness.production.engine", *args, "--out", str(tmp_path)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        print(proc.stdout[-6000:])
+        production_gate(proc.returncode)
+        return proc
+    return run
 
 
 def _evidence(line: dict) -> None:
@@ -43,8 +49,8 @@ def _evidence(line: dict) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_every_mutant_of_a_case_fails_named_first_on_one_engine(case, tmp_path):
-    proc = _engine(["--case", case, "--sweep"], tmp_path)
+def test_every_mutant_of_a_case_fails_named_first_on_one_engine(case, tmp_path, engine):
+    proc = engine(["--case", case, "--sweep"])
     path = tmp_path / f"engine_mtp_{case}.sweep.json"
     assert path.exists(), f"no sweep report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
     doc = json.loads(path.read_text())
@@ -63,11 +69,11 @@ def test_every_mutant_of_a_case_fails_named_first_on_one_engine(case, tmp_path):
     assert proc.returncode == 0, proc.returncode
 
 
-def test_a_mutant_planted_before_the_build_exits_1(tmp_path):
+def test_a_mutant_planted_before_the_build_exits_1(tmp_path, engine):
     """The path ``bisect-check`` takes (``HYV4_SPECULATOR_MUTANT``: patched before the engine exists)."""
     name = "last-token-index-off-by-one"
     m = MUTANTS[name]
-    proc = _engine(["--case", m.case, "--mutant", name], tmp_path)
+    proc = engine(["--case", m.case, "--mutant", name])
     path = tmp_path / f"engine_mtp_{m.case}.json"
     assert path.exists(), f"no report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
     rep = json.loads(path.read_text())
@@ -78,13 +84,13 @@ def test_a_mutant_planted_before_the_build_exits_1(tmp_path):
 
 @pytest.mark.parametrize("name,mode", [(n, mode) for n, m in MUTANTS.items() if m.passes_eager
                                        for mode in ("graphs", "eager")])
-def test_a_capture_only_mutant_fails_in_graph_mode_and_passes_eager(name, mode, tmp_path):
+def test_a_capture_only_mutant_fails_in_graph_mode_and_passes_eager(name, mode, tmp_path, engine):
     """Planted before the build (graph capture runs then): the graph-mode case exits 1, its first
     line saying graph replay differs from eager (the eager re-run of the same generation passes);
     the same bug under the eager twin passes. One engine process per item (xdist spreads them)."""
     m = MUTANTS[name]
     case = m.case if mode == "graphs" else m.passes_eager
-    proc = _engine(["--case", case, "--mutant", name], tmp_path)
+    proc = engine(["--case", case, "--mutant", name])
     path = tmp_path / f"engine_mtp_{case}.json"
     assert path.exists(), f"{case}: no report (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}"
     rep = json.loads(path.read_text())

@@ -301,7 +301,7 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     report). ``mutant`` is planted before the engine is built (as ``bisect-check`` passes it on).
     Its ``timing_s.start_up``: this process's seconds before the case began (the interpreter,
     the imports and the host checks: in a process of its own, the cost of one more engine)."""
-    from harness.ci_speed.process_clock import process_age_s
+    from harness.process_clock import process_age_s
 
     start_up = process_age_s()
     t0 = time.perf_counter()
