@@ -81,6 +81,14 @@ def _junit_cases(path: pathlib.Path) -> dict[str, float]:
     return out
 
 
+def _bisect_timeline(report: pathlib.Path) -> dict | None:
+    """The bisect report's ``meta.timeline_s`` (where its wall time went), if it wrote one."""
+    try:
+        return json.loads(report.read_text())["meta"].get("timeline_s")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -164,9 +172,10 @@ def main(argv=None) -> int:
             rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main.json")], out / "main.log", env)
             record("main", rc, secs)
         elif s in ("bisect-cold", "bisect", "bisect-graphs"):
-            rc, secs = _run([py, "-m", "harness", "bisect-check", "--report", str(out / f"{s}.json"),
+            rep = out / f"{s}.json"
+            rc, secs = _run([py, "-m", "harness", "bisect-check", "--report", str(rep),
                              *(["--graphs"] if s == "bisect-graphs" else [])], out / f"{s}.log", env)
-            record(s, rc, secs)
+            record(s, rc, secs, timeline=_bisect_timeline(rep))
         elif s == "bisect-profile":
             rc, secs = _run([py, "benchmarks/profile_command.py", str(out / s), "bisect-check", "--report",
                              str(out / f"{s}.json")], out / f"{s}.log", env)
@@ -230,6 +239,12 @@ def print_table(res: dict) -> None:
             print(f"draft step {name:10s}: production {r['production_s_per_step'] * 1e3:8.2f} ms, reference "
                   f"({r.get('reference_device')}) {r.get('reference_s_per_step', float('nan')) * 1e3:8.2f} ms, "
                   f"ratio {ratio:.2f} (target <= {TARGETS['draft_step_ratio']:.0f})")
+    for key in ("bisect-cold", "bisect", "bisect-graphs"):
+        t = (res.get(key) or {}).get("timeline")
+        if t:  # seconds of the bisect process's life; an engine: [its start, its case's end]
+            marks = ", ".join(f"{k} {v}" if not isinstance(v, list) else f"{k} {v[0]}-{v[1]}" for k, v in
+                              sorted(t.items(), key=lambda kv: kv[1] if not isinstance(kv[1], list) else kv[1][1]))
+            print(f"{key} timeline (s): {marks}")
     tier = res.get("tier", {}).get("cases") or {}
     if tier:
         print("\nslowest GPU tests (warm, under xdist):")

@@ -74,3 +74,19 @@ def test_a_fresh_host_is_a_cold_warmup_and_the_first_tier_after_it(tmp_path, mon
 def test_an_unknown_step_is_bad_input(tmp_path, capsys):
     assert B.main(["--out", str(tmp_path), "--only", "tier,nope"]) == 2
     assert "--only nope: unknown step" in capsys.readouterr().err
+
+
+def test_a_bisect_step_keeps_and_prints_where_its_time_went(tmp_path, monkeypatch, capsys):
+    import json
+
+    out = tmp_path / "out"
+    timeline = {"checked": 9.1, "side_by_side": 16.4, "collected": 21.7, "engine engine-a": [0.6, 21.2]}
+
+    def run(cmd, log, env):  # the bisect writes its report
+        pathlib.Path(cmd[cmd.index("--report") + 1]).write_text(json.dumps({"meta": {"timeline_s": timeline}}))
+        return 0, 22.4
+    monkeypatch.setattr(B, "_run", run)
+    assert B.main(["--out", str(out), "--only", "bisect"]) == 0
+    assert json.loads((out / "bench_gpu_tier.json").read_text())["bisect"]["timeline"] == timeline
+    assert ("bisect timeline (s): checked 9.1, side_by_side 16.4, engine engine-a 0.6-21.2, collected 21.7"
+            in capsys.readouterr().out)
