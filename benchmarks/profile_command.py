@@ -7,7 +7,7 @@
 
 Writes OUT_PREFIX.pstats (``python -m pstats``) and OUT_PREFIX.txt (the top functions by
 cumulative and by own time), then ends the process with the command's exit code and without
-interpreter teardown, as ``harness/__main__.py`` does (that module's ``os._exit`` would lose a
+interpreter teardown, as ``harness/__main__.py`` does (``harness.process_exit``, which would lose a
 profile taken around it, hence this script). The main thread only: the engine subprocesses of
 ``bisect-check`` and vLLM's background threads are not in it. cProfile's own overhead inflates
 Python-heavy frames; read the ranking, not the absolute seconds.
@@ -56,10 +56,10 @@ def main(argv: list[str]) -> int:
             f.write(f"==== by {key}\n")
             pstats.Stats(prof, stream=f).sort_stats(key).print_stats(70)
     model_info_prefetch.stop()
-    sys.stdout.flush()
-    sys.stderr.flush()
     return code
 
 
 if __name__ == "__main__":
-    os._exit(main(sys.argv[1:]))
+    from harness.process_exit import exit_now
+
+    exit_now(main(sys.argv[1:]))

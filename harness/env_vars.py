@@ -57,6 +57,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "HYV4_PYTEST_WORKERS": (
         "pytest",
         "xdist workers for the CPU tier: a number, `auto`, or `0` for serial (`-n N` / `-p no:xdist` win)"),
+    "HYV4_WORKER_TEARDOWN": (
+        "pytest",
+        "`1`: an xdist worker on a GPU host ends through Python's interpreter teardown (default: it ends "
+        "without it once its results are sent, which saves the controller seconds of waiting)"),
     "HYV4_ALLOW_MISSING_KERNELS": (
         "python -m harness, pytest",
         "`1`: judge even where an optional kernel path a normal install of this vLLM provides is missing "

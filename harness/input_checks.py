@@ -241,6 +241,7 @@ ENVIRONMENT = {
     "HYV4_MODEL_INFO_PREFETCH": _env_choice("0", "1", exact=True),
     "HYV4_HYPOTHESIS_PROFILE": _env_choice(*HYPOTHESIS_PROFILES, exact=True),
     "HYV4_PYTEST_WORKERS": _env_workers,
+    "HYV4_WORKER_TEARDOWN": _env_choice("0", "1", exact=True),
     "HYV4_ALLOW_MISSING_KERNELS": _env_choice("0", "1", exact=True),
     "HYV4_REQUIRE_GOLDENS": _env_choice("0", "1", exact=True),
 }

@@ -260,6 +260,23 @@ def _one_torch_thread(request):
     torch.set_num_threads(n)
 
 
+@pytest.hookimpl(trylast=True)  # after every other plugin's unconfigure (this process's results are sent)
+def pytest_unconfigure(config):
+    """An xdist worker on a GPU host ends here, without interpreter teardown
+    (``harness.process_exit``): its results reached the controller with its ``workerfinished``
+    (sent, synchronously, at its session's end), and the controller waits for each worker process
+    to exit before it ends the run; a worker that imported vLLM and held CUDA memory took seconds
+    to tear down (measured: the controller ended 3.8-5.0 s after the last worker's session). The
+    exit code is the controller's, from the reports. ``$HYV4_WORKER_TEARDOWN=1`` keeps teardown."""
+    if hasattr(config, "workerinput") and gpu_device_nodes() and os.environ.get(WORKER_TEARDOWN_ENV) != "1":
+        from ..process_exit import exit_now
+
+        exit_now(0)
+
+
+WORKER_TEARDOWN_ENV = "HYV4_WORKER_TEARDOWN"
+
+
 def _share_the_host(workerinput: dict) -> None:
     """An xdist worker's share of the host: on a host with several GPUs, one GPU per worker
     (worker i takes GPU i mod n; set before CUDA is initialised, and only where the user did

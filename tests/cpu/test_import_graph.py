@@ -201,8 +201,9 @@ ENTRY_POINTS_INTO_CI_SPEED = {
     "harness.production.side_by_side": ("harness.ci_speed.jit_cache",),
 }
 # What ci_speed may import from the numeric harness: the shared plumbing of every command (atomic
-# writes, the exit-code contract, input checks, the process clock) anywhere; the rest only where a module must.
-CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks", "harness.process_clock")
+# writes, the exit-code contract, input checks, the process clock and exit) anywhere; the rest only where a module must.
+CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks", "harness.process_clock",
+                   "harness.process_exit")
 CI_SPEED_MAY_IMPORT = {
     # it runs the production side of every GPU case to compile its kernels, asking first whether
     # production can run here

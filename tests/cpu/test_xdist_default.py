@@ -167,3 +167,33 @@ def test_the_controller_compiled_the_projects_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     C._compile_the_project()
     assert pathlib.Path(importlib.util.cache_from_source(str(pkg / "m.py"))).is_file()  # "absent": no error
+
+
+def test_a_gpu_hosts_workers_end_without_teardown_and_their_results_stand(tmp_path):
+    """On a GPU host (faked here: the speed plugin's device-node probe), an xdist worker ends
+    without interpreter teardown once its results are sent (``pytest_plugin.pytest_unconfigure``):
+    an exit hook registered in a worker does not run, and the controller still reports every
+    result and the failure's exit code. ``$HYV4_WORKER_TEARDOWN=1`` keeps the teardown."""
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "fakegpu.py").write_text(
+        "from harness.ci_speed import pytest_plugin\n"
+        "pytest_plugin.gpu_device_nodes = lambda: ['/dev/nvidia0']\n")
+    marker = tmp_path / "teardowns.txt"
+    (tmp_path / "test_t.py").write_text(
+        "import atexit, os\nimport pytest\n\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'a').write(os.environ['PYTEST_XDIST_WORKER'] + '\\n'))\n\n"
+        "@pytest.mark.parametrize('i', range(4))\ndef test_w(i):\n    assert i != 3\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", CI="true")
+
+    def run(**extra):
+        marker.unlink(missing_ok=True)
+        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "fakegpu", "-p", "no:cacheprovider", "-n", "2",
+                            str(tmp_path / "test_t.py")], cwd=tmp_path, env={**env, **extra},
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "1 failed, 3 passed" in r.stdout, r.stdout + r.stderr
+        assert "crashed" not in r.stdout and "Not properly terminated" not in r.stdout + r.stderr, r.stdout
+        return sorted(marker.read_text().split()) if marker.exists() else []
+
+    assert run() == []
+    assert run(HYV4_WORKER_TEARDOWN="1") == ["gw0", "gw1"]

@@ -1,9 +1,6 @@
 """``python -m harness.production.engine``: the documented command path of the engine-path command
 (``harness.commands.engine``, where the code lives)."""
 
-import os
-import sys
-
 from harness.ci_speed.jit_cache import apply_jit_cache
 from harness.ci_speed.startup_gc import defer_gc
 
@@ -13,8 +10,5 @@ from harness.commands.engine import main  # noqa: E402 - torch and vLLM only onc
 
 if __name__ == "__main__":
     code = main()
-    from harness.production.process_temp import remove_process_temp_dir
-    remove_process_temp_dir()  # the vLLM model directories (os._exit skips the exit hook that would)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # the report is written: skip the in-process engine's teardown (a hang costs the GPU slot)
+    from harness.process_exit import exit_now
+    exit_now(code)  # the report is written: skip the in-process engine's teardown (a hang costs the GPU slot)
