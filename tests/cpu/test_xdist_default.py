@@ -172,28 +172,42 @@ def test_the_controller_compiled_the_projects_sources(tmp_path, monkeypatch):
 def test_a_gpu_hosts_workers_end_without_teardown_and_their_results_stand(tmp_path):
     """On a GPU host (faked here: the speed plugin's device-node probe), an xdist worker ends
     without interpreter teardown once its results are sent (``pytest_plugin.pytest_unconfigure``):
-    an exit hook registered in a worker does not run, and the controller still reports every
-    result and the failure's exit code. ``$HYV4_WORKER_TEARDOWN=1`` keeps the teardown."""
-    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "fakegpu.py").write_text(
-        "from harness.ci_speed import pytest_plugin\n"
-        "pytest_plugin.gpu_device_nodes = lambda: ['/dev/nvidia0']\n")
+    an exit hook registered in every process runs in the controller only, and the controller still
+    reports every result and the failure's exit code."""
     marker = tmp_path / "teardowns.txt"
-    (tmp_path / "test_t.py").write_text(
-        "import atexit, os\nimport pytest\n\n"
-        f"atexit.register(lambda: open({str(marker)!r}, 'a').write(os.environ['PYTEST_XDIST_WORKER'] + '\\n'))\n\n"
-        "@pytest.mark.parametrize('i', range(4))\ndef test_w(i):\n    assert i != 3\n")
+    (tmp_path / "fakegpu.py").write_text(  # the speed plugin alone (the root conftest's imports cost seconds)
+        "import atexit, os\n"
+        "from harness.ci_speed import pytest_plugin\n"
+        "pytest_plugin.gpu_device_nodes = lambda: ['/dev/nvidia0']\n"
+        "pytest_plugins = ['harness.ci_speed.pytest_plugin']\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'a').write(os.environ.get('PYTEST_XDIST_WORKER', 'controller') + '\\n'))\n")
+    (tmp_path / "test_t.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(4))\ndef test_w(i):\n"
+                                        "    assert i != 3\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", CI="true")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "fakegpu", "-p", "no:cacheprovider", "-n", "2",
+                        str(tmp_path / "test_t.py")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "1 failed, 3 passed" in r.stdout, r.stdout + r.stderr
+    assert "crashed" not in r.stdout and "Not properly terminated" not in r.stdout + r.stderr, r.stdout
+    assert marker.read_text().split() == ["controller"]
 
-    def run(**extra):
-        marker.unlink(missing_ok=True)
-        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "fakegpu", "-p", "no:cacheprovider", "-n", "2",
-                            str(tmp_path / "test_t.py")], cwd=tmp_path, env={**env, **extra},
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 1 and "1 failed, 3 passed" in r.stdout, r.stdout + r.stderr
-        assert "crashed" not in r.stdout and "Not properly terminated" not in r.stdout + r.stderr, r.stdout
-        return sorted(marker.read_text().split()) if marker.exists() else []
 
-    assert run() == []
-    assert run(HYV4_WORKER_TEARDOWN="1") == ["gw0", "gw1"]
+@pytest.mark.parametrize("gpu, worker, keep, ends", [
+    (True, True, None, True),
+    (True, True, "1", False),  # $HYV4_WORKER_TEARDOWN=1 keeps the teardown
+    (True, False, None, False),  # the controller, or a run without xdist, ends as pytest ends
+    (False, True, None, False),  # the CPU tier's workers end as they always did
+])
+def test_which_pytest_processes_end_without_teardown(gpu, worker, keep, ends, monkeypatch):
+    from harness import process_exit
+    from harness.ci_speed import pytest_plugin
+
+    exits = []
+    monkeypatch.setattr(process_exit, "exit_now", exits.append)
+    monkeypatch.setattr(pytest_plugin, "gpu_device_nodes", lambda: ["/dev/nvidia0"] if gpu else [])
+    monkeypatch.delenv(pytest_plugin.WORKER_TEARDOWN_ENV, raising=False)
+    if keep:
+        monkeypatch.setenv(pytest_plugin.WORKER_TEARDOWN_ENV, keep)
+    config = type("Config", (), {"workerinput": {"workerid": "gw0"}} if worker else {})()
+    pytest_plugin.pytest_unconfigure(config)
+    assert exits == ([0] if ends else [])
