@@ -446,12 +446,14 @@ def start_early(command: str, args) -> list[_EngineRun]:
     bisect-check's engines, each of which imports vLLM and checks the host itself, so that those
     seconds overlap this process's instead of following them (their end is the bisect's critical
     path). Its arguments are checked already; where the checks then fail, the caller stops them
-    (``stop_engine_cases``). Any other command: none."""
+    (``stop_engine_cases``). Any other command: none. Even a lone engine gets a fixed KV size:
+    this process creates its CUDA context during the checks, and vLLM's memory profiling fails
+    when another process allocates GPU memory meanwhile."""
     if command != "bisect_command":
         return []
     engine_ids = bisect_engine_ids(args)
     side_by_side = [c for c in bisect_case_ids(args) if c not in engine_ids]
-    return start_engine_cases(engine_ids, gpu_shared=bool(side_by_side))
+    return start_engine_cases(engine_ids, gpu_shared=bool(side_by_side), fixed_kv=True)
 
 
 def bisect_command(args, started: list[_EngineRun] | None = None) -> int:
@@ -576,7 +578,7 @@ class _EngineRun:
     started_s: float | None = None  # when, in seconds of this process's life (process_age_s)
 
 
-def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun]:
+def start_engine_cases(case_ids, *, gpu_shared: bool = False, fixed_kv: bool = False) -> list[_EngineRun]:
     """Start one engine subprocess per case, concurrently, and return at once. Several engines,
     or an engine next to this process's own side-by-side runs (``gpu_shared``), share the GPU:
     they get a fixed KV size (``HYV4_ENGINE_KV_CACHE_GIB``, 4 GiB unless set), which skips vLLM's
@@ -595,7 +597,9 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False) -> list[_EngineRun
     from harness.production.engine.cases import engine_env
 
     # the processes on this host's CPU at once: the engines, and this one when it runs cases too
-    env = engine_env(gpu_shared or len(case_ids) > 1, computing=len(case_ids) + (1 if gpu_shared else 0))
+    # fixed_kv: this process touches the GPU meanwhile without computing beside them (start_early)
+    env = engine_env(gpu_shared or fixed_kv or len(case_ids) > 1,
+                     computing=len(case_ids) + (1 if gpu_shared else 0))
     runs = []
     try:
         for cid in case_ids:

@@ -287,3 +287,23 @@ def test_the_bisect_report_says_where_its_time_went(tmp_path, faked):
                                   checked=9.0, side_by_side=16.0, collected=20.0)
     assert spans == {"checked": 9.0, "side_by_side": 16.0, "collected": 20.0, "engine engine-x": [1.5, 19.75]}
     assert compare_cli._timeline([Run()], {}, checked=None, side_by_side=1.0, collected=2.0) == {}
+
+
+def test_a_lone_engine_started_early_gets_a_fixed_kv_size_but_the_cores_to_itself(monkeypatch):
+    """``bisect-check --case ENGINE``: this process creates its CUDA context during its checks while
+    the engine starts, so the engine skips vLLM's memory profiling (which fails when another process
+    allocates meanwhile); no side-by-side case computes beside it, so its CPU threads stay its own."""
+    import argparse
+
+    from harness.production.can_run import THREAD_VARS
+    from harness.production.engine.session import ENGINE_KV_GIB_ENV
+
+    started = _record_engine_starts(monkeypatch)
+    monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
+    for var in THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    args = argparse.Namespace(case=["engine-tiny-k2"], graphs=False, record_baseline=None)
+    runs = compare_cli.start_early("bisect_command", args)
+    compare_cli.stop_engine_cases(runs)
+    [(cmd, env)] = started
+    assert env.get(ENGINE_KV_GIB_ENV) == "4" and not any(env.get(v) for v in THREAD_VARS)
