@@ -18,9 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.fixture
 def slow_check(monkeypatch):
     """The host check, held until ``release(answer)``: what it would say, or an exception to raise."""
-    gate, answer = threading.Event(), {}
+    gate, answer, calls = threading.Event(), {}, []
 
     def check():
+        calls.append(1)
         gate.wait(30)
         if isinstance(answer.get("v"), BaseException):
             raise answer["v"]
@@ -29,6 +30,7 @@ def slow_check(monkeypatch):
     def release(value):
         answer["v"] = value
         gate.set()
+    release.calls = calls
     monkeypatch.setattr(can_run, "cannot_run_production_reason", check)
     yield release
     gate.set()
@@ -43,6 +45,7 @@ def test_the_check_runs_in_the_background_once(slow_check):
     slow_check("vLLM does not import: ImportError: x")
     assert bg.reason() == "vLLM does not import: ImportError: x" and bg.done()
     assert bg.reason() == "vLLM does not import: ImportError: x"
+    assert len(slow_check.calls) == 1
 
 
 def test_what_the_check_raised_is_raised_to_whoever_asks(slow_check):
