@@ -16,7 +16,6 @@ def process_temp_dir() -> str:
     import atexit
     import os
     import re
-    import shutil
     import tempfile
 
     if _process_temp and _process_temp[0][0] == os.getpid():
