@@ -154,6 +154,9 @@ class EngineCase:
     # ``vllm serve`` uses by default on the installed release (CUDA graphs; vLLM decides whether
     # torch.compile runs), judged through ``graph_tap``
     graphs: bool = False
+    # graphs: the draft-decode paths (harness.production.engine.graph_regimes.GRAPH_REGIMES) the
+    # case is for; the verdict fails, naming the regime, when vLLM did not run one of them
+    graph_regimes: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,13 +353,30 @@ REGISTRY: tuple[CaseRecord, ...] = (
                     seed=33, target="acceptance", patterns=("accept", "reject", "alternate", "agree2"),
                     prompt_lens=(200, 40, 150, 61), graphs=True,
                     expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.1), ("alternate", 0.2, 0.5),
-                                  ("agree2", 0.5, 0.8))), "graph-bisect"),
+                                  ("agree2", 0.5, 0.8)),
+                    graph_regimes=("decode_full_graph", "draft_steps_ge2", "index_sharing", "batch_shrink",
+                                   "prefill_full_graph")), "graph-bisect"),
+    # K = 3 WITHOUT index sharing under CUDA graphs: draft steps >= 2 run the indexer over per-step
+    # metadata (on HY V4 vLLM rebuilds it on the host per step and replays a FULL graph: where a
+    # graph replays state frozen at capture); 3 requests (not a capture size: padded rows), the
+    # near-100 % request finishing first (the batch shrinks)
+    _eng(EngineCase("engine-graphs-accept-k3-noshare", overrides=_ACCEPT, seed=37, target="acceptance",
+                    patterns=("accept", "reject", "alternate"), prompt_lens=(190, 52, 141), graphs=True,
+                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.2, 0.5)),
+                    graph_regimes=("decode_full_graph", "draft_steps_ge2", "indexer_at_step_ge2",
+                                   "decode_metadata_per_step", "padded_rows", "batch_shrink")), "graph-bisect"),
+    # its eager twin: the same generation with every draft forward tapped (where the capture-only
+    # mutants of the non-sharing decode must pass), and the eager K = 3 path without sharing
+    _eng(EngineCase("engine-accept-k3-noshare", overrides=_ACCEPT, seed=37, target="acceptance",
+                    patterns=("accept", "reject", "alternate"), prompt_lens=(190, 52, 141),
+                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.2, 0.5)))),
     # 3 requests (not a capture size: every graph step runs padded rows), K = 2, no index sharing
     # (the indexer runs inside the decode graph), requests finishing at different steps
     _eng(EngineCase("engine-graphs-accept-k2-padded", overrides=_ACCEPT, seed=36, num_speculative_tokens=2,
                     target="acceptance", patterns=("accept", "reject", "alternate"), prompt_lens=(170, 45, 133),
                     graphs=True,
-                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75)))),
+                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75)),
+                    graph_regimes=("decode_full_graph", "padded_rows", "batch_shrink"))),
 )
 
 BY_ID: Mapping[str, CaseRecord] = MappingProxyType({r.id: r for r in REGISTRY})

@@ -1,6 +1,6 @@
 """``python -m harness warmup``: compile the GPU stack's JIT kernels once per host, in one process.
 
-    python -m harness warmup [--cache DIR] [--case ID ...] [--engine ID | --no-engine | --engine-only]
+    python -m harness warmup [--cache DIR] [--case ID ...] [--engine ID ... | --no-engine | --engine-only]
                              [--if-cold] [--lanes N] [--report FILE.json] [--pack FILE.tar.gz]
 
 A fresh GPU host spends most of the GPU tier compiling: FlashInfer's FP8 block GEMM
@@ -9,7 +9,9 @@ shape, vLLM's engine start. Several processes compiling the same kernel at once 
 stall for minutes, so the parallel GPU tier (``.ci/gpu-tier``) runs this first, in
 one process, and fans out after. It runs the production side only (no reference,
 no verdict) of every module-level side-by-side case, which covers every shape the
-GPU tier's module-level cases use, and builds one engine and generates with it.
+GPU tier's module-level cases use, and builds the engines (``_default_engines``: the eager
+engine case and every CUDA-graph engine case, whose capture and graph-mode kernels an eager
+engine never builds) and generates with each.
 
 The caches land where each library keeps them, or under one root with ``--cache DIR``
 / ``$HYV4_JIT_CACHE`` (``harness.ci_speed.jit_cache.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
@@ -61,12 +63,31 @@ MAX_LANES = 64  # parallel compile processes
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
 
 
+def _default_engines() -> tuple[str, ...]:
+    """The eager engine case, then every CUDA-graph engine case (each its own configuration of
+    capture, torch.compile and draft-decode kernels: K, index sharing, padded batch sizes)."""
+    from ..production.engine.cases import ENGINE_CASES
+
+    graphs = [cid for cid, spec in ENGINE_CASES.items() if spec.graphs]
+    return (DEFAULT_ENGINE_CASE, *(c for c in graphs if c != DEFAULT_ENGINE_CASE))
+
+
+def engines_of(args) -> list[str]:
+    """The engine cases ``args`` asks to warm, in order, without repeats."""
+    if getattr(args, "no_engine", False):
+        return []
+    chosen = args.engine if args.engine is not None else _default_engines()
+    chosen = [chosen] if isinstance(chosen, str) else list(chosen)
+    return list(dict.fromkeys(chosen))
+
+
 def add_arguments(p) -> None:
     p.add_argument("--cache", metavar="DIR", help=f"one cache root for every JIT layer (default ${JIT_CACHE_ENV}, "
                    "else each library's own default)")
     p.add_argument("--case", action="append", metavar="ID", help="module-level case to run (default: all)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--engine", default=DEFAULT_ENGINE_CASE, metavar="ID", help="engine case to build and run")
+    g.add_argument("--engine", action="append", metavar="ID", help="engine case to build and run (repeatable; "
+                   f"default: {DEFAULT_ENGINE_CASE} and every CUDA-graph engine case)")
     g.add_argument("--no-engine", action="store_true", help="skip the engine")
     p.add_argument("--engine-only", action="store_true", help="only the engine (no module-level case)")
     p.add_argument("--lanes", type=int, default=1, metavar="N", help="after the first case, warm up to N kernel "
@@ -90,8 +111,9 @@ def check_arguments(args) -> None:
         raise CLIError(f"--engine-only and {'--case' if args.case else '--no-engine'}: choose one")
     if getattr(args, "lanes", 1) < 1:
         raise CLIError(f"--lanes {args.lanes}: give 1 or more")
-    if not args.no_engine and args.engine not in ENGINE_CASES:
-        raise CLIError(f"--engine {args.engine}: unknown; known: {', '.join(ENGINE_CASES)}")
+    for eid in engines_of(args):
+        if eid not in ENGINE_CASES:
+            raise CLIError(f"--engine {eid}: unknown; known: {', '.join(ENGINE_CASES)}")
     for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
         if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
             raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
@@ -164,27 +186,28 @@ def write_stamp(root: str, versions: dict, warmed: dict) -> None:
         atomic_write_json(os.path.join(root, STAMP), {"versions": versions, "steps": {**steps, **warmed}})
 
 
-def plan_lanes(cases: list[str], engine: str | None, lanes: int) -> tuple[str | None, list[dict]]:
+def plan_lanes(cases: list[str], engines, lanes: int) -> tuple[str | None, list[dict]]:
     """(lead, lanes) for ``--lanes``: the lead (the first bf16 case) runs alone and compiles
-    the kernels every case shares; then each kernel family -- FP8 checkpoints, the engine,
-    real dims, the other bf16 cases, in that order of their cold cost -- goes to lane
-    i mod ``lanes``. A lane is {"cases": [...], "engine": ID or None}; a family that is
-    not wanted leaves no lane."""
+    the kernels every case shares; then each kernel family -- FP8 checkpoints, each engine
+    (``engines``: an id, a list of ids or None), real dims, the other bf16 cases, in that order
+    of their cold cost -- goes to lane i mod ``lanes``. A lane is {"cases": [...], "engines":
+    [...]}; a family that is not wanted leaves no lane."""
     from ..production.cases import GPU_CASES
 
+    engines = [] if engines is None else [engines] if isinstance(engines, str) else list(engines)
     bf16 = [c for c in cases if GPU_CASES[c].quant == "bf16" and GPU_CASES[c].preset != "real-dims"]
-    lead = bf16[0] if bf16 and len(cases) + (engine is not None) > 1 else None
-    families = [{"cases": [c for c in cases if GPU_CASES[c].quant != "bf16"], "engine": None},
-                {"cases": [], "engine": engine},
+    lead = bf16[0] if bf16 and len(cases) + len(engines) > 1 else None
+    families = [{"cases": [c for c in cases if GPU_CASES[c].quant != "bf16"], "engines": []},
+                *({"cases": [], "engines": [e]} for e in engines),
                 {"cases": [c for c in cases if GPU_CASES[c].preset == "real-dims" and GPU_CASES[c].quant == "bf16"],
-                 "engine": None},
-                {"cases": [c for c in bf16 if c != lead], "engine": None}]
-    families = [f for f in families if f["cases"] or f["engine"]]
-    out = [{"cases": [], "engine": None} for _ in range(min(lanes, len(families)))]
+                 "engines": []},
+                {"cases": [c for c in bf16 if c != lead], "engines": []}]
+    families = [f for f in families if f["cases"] or f["engines"]]
+    out = [{"cases": [], "engines": []} for _ in range(min(lanes, len(families)))]
     for i, fam in enumerate(families):
         lane = out[i % len(out)]
         lane["cases"] += fam["cases"]
-        lane["engine"] = lane["engine"] or fam["engine"]
+        lane["engines"] += fam["engines"]
     return lead, out
 
 
@@ -256,13 +279,16 @@ def plan_prefetch(cases: list[str], engine: bool = False) -> list[str]:
     return [name for name, (needed, _) in PREFETCH.items() if needed(gpu_cases, engine)]
 
 
-def _lane_command(cases: list[str], engine: str | None, report: str) -> list[str]:
+def _lane_command(cases: list[str], engines: list[str], report: str) -> list[str]:
     cmd = [sys.executable, "-m", "harness", "warmup", "--report", report]
     for c in cases:
         cmd += ["--case", c]
-    if engine and not cases:
-        return cmd + ["--engine-only", "--engine", engine]
-    return cmd + (["--engine", engine] if engine else ["--no-engine"])
+    if not engines:
+        return cmd + ["--no-engine"]
+    cmd += [] if cases else ["--engine-only"]
+    for e in engines:
+        cmd += ["--engine", e]
+    return cmd
 
 
 def _last_line(log_path: str) -> str:
@@ -324,7 +350,7 @@ def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str
     started, before anything is waited for (the caller's own checks: what it raises stops every
     process started). ``t_origin``: the warmup's start, for each lane's and prefetch's ``span_s``."""
     t_origin = time.perf_counter() if t_origin is None else t_origin
-    jobs = ([[{"cases": [lead], "engine": None}]] if lead else []) + [lanes]
+    jobs = ([[{"cases": [lead], "engines": []}]] if lead else []) + [lanes]
     steps = []
     with tempfile.TemporaryDirectory(prefix="hyv4-warmup-") as tmp:
         started, running, ended = [], [], {}  # ended: process -> its end time, as noted
@@ -361,9 +387,9 @@ def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
         # an engine beside other lanes gets a fixed KV size: vLLM's memory profiling fails
         # when another lane frees GPU memory meanwhile (seen with vLLM 0.34.0); lanes side by
         # side split the cores as torch threads (nvcc, the prefetches' work, is not torch's pool)
-        env = engine_env(bool(lane["engine"]) and len(wave) > 1, computing=len(wave))
+        env = engine_env(bool(lane["engines"]) and len(wave) > 1, computing=len(wave))
         with open(out, "w") as f:
-            proc = subprocess.Popen(_lane_command(lane["cases"], lane["engine"], report),
+            proc = subprocess.Popen(_lane_command(lane["cases"], lane["engines"], report),
                                     stdout=f, stderr=subprocess.STDOUT, env=env)
         running.append((n, lane, proc, report, out, time.perf_counter()))
     return running
@@ -378,7 +404,7 @@ def _finish_wave(running: list[tuple], steps: list, log, t_origin: float, ended:
     _wait_ends([r[2] for r in running], ended, watch)
     for n_, lane, proc, report, out, t0 in running:
         if proc.returncode != 0:
-            names = ", ".join(lane["cases"] + ([lane["engine"]] if lane["engine"] else []))
+            names = ", ".join(lane["cases"] + lane["engines"])
             failed.append(f"warmup lane {n_} ({names}): exit {proc.returncode}: {_last_line(out)}")
             continue
         span = [round(t0 - t_origin, 2), round(ended[proc] - t_origin, 2)]
@@ -407,8 +433,8 @@ def run(args, log=print) -> dict:
 
     cases = [] if getattr(args, "engine_only", False) else args.case or list(GPU_CASES)
     wanted = {cid: fingerprint(GPU_CASES[cid]) for cid in cases}
-    if not args.no_engine:
-        wanted[args.engine] = fingerprint(ENGINE_CASES[args.engine])
+    for eid in engines_of(args):
+        wanted[eid] = fingerprint(ENGINE_CASES[eid])
     rep = {"cache_root": root, "set": set_vars, "steps": [], "skipped_warm": [], "versions": None,
            "size_before": cache_size(root) if root else None}
 
@@ -448,11 +474,11 @@ def run(args, log=print) -> dict:
 
 def _plan_into(rep: dict, cases: list[str], todo: dict, args) -> tuple[str | None, list[dict]]:
     """The lanes of ``todo`` -> (lead, lanes); the plan (lead, lanes, prefetches) recorded in ``rep``."""
-    engine = args.engine if not args.no_engine and args.engine in todo else None
-    lead, lanes = plan_lanes([c for c in cases if c in todo], engine, args.lanes)
-    rep["lanes"] = [lane["cases"] + ([lane["engine"]] if lane["engine"] else []) for lane in lanes]
+    engines = [e for e in engines_of(args) if e in todo]
+    lead, lanes = plan_lanes([c for c in cases if c in todo], engines, args.lanes)
+    rep["lanes"] = [lane["cases"] + lane["engines"] for lane in lanes]
     rep["lead"] = lead
-    rep["prefetch"] = plan_prefetch([c for c in cases if c in todo], engine is not None)
+    rep["prefetch"] = plan_prefetch([c for c in cases if c in todo], bool(engines))
     return lead, lanes
 
 
@@ -477,7 +503,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
         if root:  # stamped as it goes: a later failure keeps what was warmed
             write_stamp(root, rep["versions"], {name: todo[name]})
 
-    engine = args.engine if not args.no_engine and args.engine in todo else None
+    engines = [e for e in engines_of(args) if e in todo]
     for cid in (c for c in cases if c in todo):
         case = GPU_CASES[cid]
 
@@ -486,8 +512,23 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
             torch.cuda.empty_cache()
 
         step(cid, module_level)
-    if engine:
-        step(engine, lambda: run_engine_case(ENGINE_CASES[engine], log=lambda *a, **k: None))
+    for i, eid in enumerate(engines):
+        if i == 0:  # the first engine in this process, as the module cases
+            step(eid, lambda eid=eid: run_engine_case(ENGINE_CASES[eid], log=lambda *a, **k: None))
+        else:  # a further vllm.LLM in one process is not what the tier runs: its own process each
+            step(eid, lambda eid=eid: _engine_in_child(eid))
+
+
+def _engine_in_child(eid: str) -> None:
+    """One engine case warmed in a child ``warmup --engine-only`` (stamped there); its failure
+    raised naming its last line."""
+    with tempfile.TemporaryDirectory(prefix="hyv4-warmup-") as tmp:
+        out = os.path.join(tmp, "engine.log")
+        with open(out, "w") as f:
+            rc = subprocess.call(_lane_command([], [eid], os.path.join(tmp, "engine.json")),
+                                 stdout=f, stderr=subprocess.STDOUT)
+        if rc != 0:
+            raise RuntimeError(f"exit {rc}: {_last_line(out)}")
 
 
 # Not packed: Python's bytecode (ROOT/pycache) is keyed by each source's path on this host, is

@@ -642,7 +642,8 @@ def collect_engine_cases(runs: list[_EngineRun]) -> tuple[dict, int]:
             out[r.case_id] = {"exit": returncode, "problems": problems[:20], "acceptance": rep.get("acceptance"),
                               "counts": rep.get("counts"), "timing_s": rep.get("timing_s"),
                               "mutant": rep.get("mutant"), "drafter_mode": rep.get("drafter_mode"),
-                              "compilation": rep.get("compilation"), "graph_replays": rep.get("graph_replays")}
+                              "compilation": rep.get("compilation"), "graph_replays": rep.get("graph_replays"),
+                              "graph_facts": rep.get("graph_facts"), "graph_regimes": rep.get("graph_regimes")}
             label = r.case_id + (" [CUDA graphs]" if rep.get("drafter_mode") == "CUDA graphs" else "")
             if code == EXIT_OK:
                 print(f"ok   engine {label}" + (f" (acceptance {_rates(rep)})" if rep.get("acceptance") else ""))

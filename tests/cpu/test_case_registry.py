@@ -15,7 +15,8 @@ GPU = ("tiny-k1", "tiny-k3-ragged", "tiny-k2-fused-layers", "tiny-k2-clamp-headw
        "tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense", "tiny-k2-modelopt-layer-bf16-dense")
 BISECT = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise", "tiny-k2-fp8-ue8m0-fused-scale-long")
 ENGINE = ("engine-tiny-k3-share", "engine-tiny-k2", "engine-accept-k3-share", "engine-accept-k2-two-layers",
-          "engine-accept-k2-two-layers-share", "engine-graphs-accept-k3-share", "engine-graphs-accept-k2-padded")
+          "engine-accept-k2-two-layers-share", "engine-graphs-accept-k3-share", "engine-graphs-accept-k3-noshare",
+          "engine-accept-k3-noshare", "engine-graphs-accept-k2-padded")
 
 
 def test_every_derived_list_keeps_its_ids_and_order():
@@ -37,7 +38,7 @@ def test_every_derived_list_keeps_its_ids_and_order():
                                       "tiny-k2-modelopt-layer-bf16-dense")
     assert tuple(eng.ENGINE_CASES) == ENGINE
     assert compare.DEFAULT_BISECT_ENGINE_CASES == ("engine-accept-k3-share", "engine-accept-k2-two-layers")
-    assert compare.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share",)
+    assert compare.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share", "engine-graphs-accept-k3-noshare")
     # the registry lists every case once: the reference, module (GPU then probe) and engine cases
     assert reg.ids() == reference + GPU + tuple(prod.PROBE_CASES) + ENGINE
 

@@ -342,15 +342,38 @@ def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
     lead, lanes = plan_lanes(cases, DEFAULT_ENGINE_CASE, 4)
     assert lead == "tiny-k1" and len(lanes) == 4
     fp8 = [c for c in cases if GPU_CASES[c].quant != "bf16"]
-    assert lanes[0] == {"cases": fp8, "engine": None} and lanes[1] == {"cases": [], "engine": DEFAULT_ENGINE_CASE}
+    assert lanes[0] == {"cases": fp8, "engines": []} and lanes[1] == {"cases": [], "engines": [DEFAULT_ENGINE_CASE]}
     assert lanes[2]["cases"] == ["real-dims-k2"]
     placed = [c for lane in lanes for c in lane["cases"]]
     assert sorted([lead, *placed]) == sorted(cases)
     lead2, two = plan_lanes(cases, DEFAULT_ENGINE_CASE, 2)  # fewer lanes: families share them
-    assert lead2 == lead and len(two) == 2 and two[1]["engine"] == DEFAULT_ENGINE_CASE
+    assert lead2 == lead and len(two) == 2 and two[1]["engines"] == [DEFAULT_ENGINE_CASE]
     assert sorted(c for lane in two for c in lane["cases"]) == sorted(placed)
     assert plan_lanes(["tiny-k2-fp8-split-long"], None, 4) == (None, [{"cases": ["tiny-k2-fp8-split-long"],
-                                                                       "engine": None}])
+                                                                       "engines": []}])
+
+
+def test_the_default_warmup_builds_every_cuda_graph_engine_case():
+    """A graph case's capture, torch.compile and draft-decode kernels are built by no eager engine:
+    the default warmup builds the eager engine case and every graph-mode engine case, each its
+    own family (its own lane when lanes allow), so no tier, bisect or mutant run compiles after it."""
+    import argparse
+
+    from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE, _lane_command, engines_of, plan_lanes
+    from harness.production.engine.cases import ENGINE_CASES
+
+    args = argparse.Namespace(engine=None, no_engine=False)
+    engines = engines_of(args)
+    graphs = [c for c, spec in ENGINE_CASES.items() if spec.graphs]
+    assert engines[0] == DEFAULT_ENGINE_CASE and set(graphs) <= set(engines) and len(graphs) >= 3
+    _, lanes = plan_lanes(["tiny-k1", "tiny-k3-share"], engines, 8)
+    assert sorted(e for lane in lanes for e in lane["engines"]) == sorted(engines)
+    assert all(len(lane["engines"]) <= 1 for lane in lanes)
+    assert engines_of(argparse.Namespace(engine=["engine-tiny-k2", "engine-tiny-k2"], no_engine=False)) == \
+        ["engine-tiny-k2"]
+    assert engines_of(argparse.Namespace(engine=None, no_engine=True)) == []
+    cmd = _lane_command([], graphs[:2], "r.json")
+    assert cmd[-5:] == ["--engine-only", "--engine", graphs[0], "--engine", graphs[1]]
 
 
 @pytest.mark.parametrize("argv, culprit", [
@@ -377,7 +400,7 @@ def failed_lanes_beside_a_slow_prefetch():
     from harness.ci_speed import warmup
     from harness.exitcodes import CannotJudge
 
-    lanes = [{"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}, {"cases": ["tiny-k2-fp8-split-long"], "engine": None}]
+    lanes = [{"cases": [], "engines": [warmup.DEFAULT_ENGINE_CASE]}, {"cases": ["tiny-k2-fp8-split-long"], "engines": []}]
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(warmup.PREFETCH, "slow", (lambda cases, engine: True, "import time; time.sleep(120)"))
         t0 = time.perf_counter()
@@ -581,8 +604,8 @@ def test_an_engine_lane_beside_other_lanes_gets_a_fixed_kv_size_and_lanes_split_
         assert len(steps) == len(wave) and all(len(st["lane_span_s"]) == 2 for st in steps)
         return sorted(seen)
 
-    engine = {"cases": [], "engine": warmup.DEFAULT_ENGINE_CASE}
-    bf16 = {"cases": ["tiny-k3-share"], "engine": None}
+    engine = {"cases": [], "engines": [warmup.DEFAULT_ENGINE_CASE]}
+    bf16 = {"cases": ["tiny-k3-share"], "engines": []}
     assert run_wave([engine, bf16]) == [(False, None, "8"), (True, SHARED_GPU_KV_GIB, "8")]
     assert run_wave([engine]) == [(True, None, None)]
     assert run_wave([engine, bf16, bf16]) == [(False, None, "5"), (False, None, "5"), (True, SHARED_GPU_KV_GIB, "5")]
@@ -651,7 +674,7 @@ def test_each_lane_and_prefetch_is_timed_to_its_own_end(monkeypatch):
                 f"json.dump({{'steps': [{{'name': 'x', 'seconds': 1.5}}]}}, open({report!r}, 'w'))"]
     monkeypatch.setattr(warmup, "_lane_command", lane_command)
     monkeypatch.setitem(warmup.PREFETCH, "quick", (lambda cases, engine: True, "print('prefetch: built')"))
-    steps = warmup.run_lanes(None, [{"cases": ["tiny-k3-share"], "engine": None}], prefetch=["quick"])
+    steps = warmup.run_lanes(None, [{"cases": ["tiny-k3-share"], "engines": []}], prefetch=["quick"])
     (lane,) = [s for s in steps if s["lane"] == 1]
     (pre,) = [s for s in steps if s["lane"] == "prefetch"]
     assert lane["lane_span_s"][1] - lane["lane_span_s"][0] >= 1.5

@@ -78,6 +78,11 @@ class GraphStep:
     topk_after: torch.Tensor | None = None  # [R, index_topk] the top-k buffer after propose
     num_speculative_tokens: int | None = None
     modes: dict = dataclasses.field(default_factory=dict)  # prefill / decode: FULL, PIECEWISE or NONE
+    # what vLLM did on this propose beyond the modes (``graph_regimes``): metadata_rebuild_steps
+    # (the draft steps whose attention metadata the host rebuilt), metadata_updates (in-place
+    # updates called from Python), decode_eager_steps, decode_graph_tokens / prefill_graph_tokens
+    # (the rows the FULL graph ran: above num_reqs / num_tokens when padded)
+    facts: dict = dataclasses.field(default_factory=dict)
 
 
 def _cpu(t, n=None):
@@ -125,6 +130,22 @@ class GraphTap(Guarded):
             for meth, mode in (("run_fullgraph", "FULL"), ("run_pw_graph", "PIECEWISE")):
                 if hasattr(mgr, meth):
                     self._wrap(mgr, meth, self._mode_marker(phase, mode))
+        # the draft-decode seams the graph regimes are read from (``graph_regimes``); each is
+        # wrapped where the installed release has it: the host's per-step metadata rebuild, the
+        # in-place update, the eager decode step (``_generate_draft`` / ``_decode`` by release)
+        for meth, fn in (("_build_uniform_attn_metadata", self._metadata_rebuilt),
+                         ("_update_draft_decode_metadata", self._metadata_updated),
+                         ("_generate_draft", self._eager_decode_step), ("_decode", self._eager_decode_step)):
+            if callable(getattr(proposer, meth, None)):
+                self._wrap(proposer, meth, self._fact_recorder(meth, fn))
+        prefill_mgr = getattr(proposer, "prefill_cudagraph_manager", None)
+        self.facts = {
+            "proposer": type(proposer).__name__,
+            "supports_decode_metadata_update": getattr(proposer, "supports_decode_metadata_update", None),
+            "index_sharing": getattr(proposer, "share_mtp_topk_indices", None),
+            "prefill_breakable": getattr(prefill_mgr, "use_breakable_cg", None),
+            "seams": sorted({m for _, m in self._wrapped}),
+        }
 
     # ---- plumbing
     def _wrap(self, obj, attr: str, make) -> None:
@@ -154,9 +175,33 @@ class GraphTap(Guarded):
                     modes = self.cur.modes
                     modes[phase] = mode if modes.get(phase) in (None, mode) else f"{modes[phase]}+{mode}"
                     modes[f"{phase}_replays"] = modes.get(f"{phase}_replays", 0) + 1
+                    desc = a[0] if a else k.get("desc", k.get("batch_desc"))
+                    rows = getattr(desc, "num_tokens", None)
+                    if mode == "FULL" and isinstance(rows, int):
+                        key = f"{phase}_graph_tokens"
+                        self.cur.facts[key] = max(self.cur.facts.get(key, 0), rows)
                 return orig(*a, **k)
             return wrapper
         return make
+
+    def _fact_recorder(self, name: str, record):
+        def make(orig):
+            def wrapper(*a, **k):
+                if self.armed and self.cur is not None:
+                    self._guard(name, lambda: record(a, k))
+                return orig(*a, **k)
+            return wrapper
+        return make
+
+    def _metadata_rebuilt(self, a, k) -> None:
+        step = k.get("step")
+        self.cur.facts.setdefault("metadata_rebuild_steps", []).append(None if step is None else int(step))
+
+    def _metadata_updated(self, a, k) -> None:
+        self.cur.facts["metadata_updates"] = self.cur.facts.get("metadata_updates", 0) + 1
+
+    def _eager_decode_step(self, a, k) -> None:
+        self.cur.facts["decode_eager_steps"] = self.cur.facts.get("decode_eager_steps", 0) + 1
 
     # ---- propose: one engine step
     def _propose(self, orig):
@@ -219,7 +264,8 @@ class GraphTap(Guarded):
 
     def proposals(self) -> list[dict]:
         return [{"engine_step": s.engine_step, "num_speculative_tokens": s.num_speculative_tokens,
-                 "draft_tokens": s.draft_tokens, "graph_modes": dict(s.modes)} for s in self.steps]
+                 "draft_tokens": s.draft_tokens, "graph_modes": dict(s.modes), "graph_facts": dict(s.facts)}
+                for s in self.steps]
 
 
 # ---- the recording as the engine replay reads it ----------------------------------------------

@@ -18,6 +18,9 @@ import traceback
 from harness.atomic import atomic_write_json
 from harness.exitcodes import first_line
 from harness.production.engine.cases import EngineCase
+from harness.production.engine.graph_regimes import measure as measure_graph_regimes
+from harness.production.engine.graph_regimes import problems as graph_regime_problems
+from harness.production.engine.graph_regimes import table as graph_regime_table
 from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
                                               replay, run_facts, save_recording)
 from harness.production.engine.session import build_session, engine_inputs, prompts_for
@@ -159,6 +162,10 @@ def verdict_problems(rep: dict) -> list[str]:
         if not any(m != "NONE" for phase in g.values() for m in phase):
             p.append(f"CUDA-graph mode not exercised: no draft step ran under a graph ({g}; "
                      f"compilation {rep.get('compilation')})")
+        # the decode paths the case is for, as vLLM ran them (graph_regimes): a case whose
+        # declared regime did not run fails naming it
+        declared = ((rep.get("case") or {}) if isinstance(rep.get("case"), dict) else {}).get("graph_regimes") or ()
+        p.extend(graph_regime_problems(declared, rep.get("graph_regimes")))
     if c["num_speculative_tokens"] >= 2 and c["max_draft_steps"] < 2:
         p.append(f"the drafter ran {c['max_draft_steps']} step(s) per engine step (K={c['num_speculative_tokens']})")
     case = rep.get("case") if isinstance(rep.get("case"), dict) else {}
@@ -236,6 +243,11 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
     if gtap is not None:
         rep["graph_replays"] = graph_replay_counts(gtap.steps)
         log("draft steps by CUDA-graph mode:", json.dumps(rep["graph_replays"]))
+        rep["graph_facts"] = gtap.facts
+        rep["graph_regimes"] = measure_graph_regimes(gtap.steps, gtap.facts)
+        log("graph regimes (proposes that ran each; vLLM:", json.dumps(gtap.facts) + "):")
+        for line in graph_regime_table(rep["graph_regimes"], case.graph_regimes):
+            log("  " + line)
         if tap is not None:  # the eager re-run: the target side keyed as the per-forward tap keys requests
             calls, proposals = tap.calls, tap.proposals
             targets = target_calls(gtap.steps, keys={c.engine_step: c.request_keys for c in calls
@@ -258,7 +270,9 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
             meta = {"case": dataclasses.asdict(case), "versions": rep["versions"], "runner": rep["runner"],
                     "sharing": rep["sharing"], "load": rep["load"], "tap_errors": errors,
                     "generated": rep["generated"], "prompts": prompts, "mutant": rep.get("mutant"),
-                    "target_follows_f": rep.get("target_follows_f"), "vllm_spec_decode": rep["vllm_spec_decode"]}
+                    "target_follows_f": rep.get("target_follows_f"), "vllm_spec_decode": rep["vllm_spec_decode"],
+                    "drafter_mode": rep["drafter_mode"], "graph_replays": rep.get("graph_replays"),
+                    "graph_facts": rep.get("graph_facts"), "graph_regimes": rep.get("graph_regimes")}
             rep["recording"] = save_recording(stem, calls, proposals, meta, targets=targets)
             log("recording:", stem + ".safetensors", json.dumps(rep["recording"]))
         except Exception:  # noqa: BLE001 - the verdict does not depend on it
@@ -362,7 +376,7 @@ def case_from_dict(d: dict) -> EngineCase:
     """Inverse of ``dataclasses.asdict`` for an ``EngineCase`` (JSON lists back to tuples)."""
     d = dict(d)
     d["overrides"] = tuple(tuple(x) for x in d.get("overrides", ()))
-    for k in ("prompt_lens", "patterns", "known_audit"):
+    for k in ("prompt_lens", "patterns", "known_audit", "graph_regimes"):
         d[k] = tuple(d.get(k, ()))
     d["expect_rates"] = tuple(tuple(x) for x in d.get("expect_rates", ()))
     d["upstream_gaps"] = tuple(tuple(x) for x in d.get("upstream_gaps", ()))
@@ -397,6 +411,9 @@ def rejudge(stem: str, *, log=print) -> Verdict:
            "recording": {k: v for k, v in doc.items() if k not in ("meta", "call_meta", "proposal_meta")}}
     runner = meta.get("runner") or {}
     rep["target_follows_f"] = meta.get("target_follows_f")
+    for key in ("drafter_mode", "graph_replays", "graph_facts", "graph_regimes"):  # a graph run's regimes
+        if meta.get(key) is not None:
+            rep[key] = meta[key]
     rep["vllm_spec_decode"] = meta.get("vllm_spec_decode") or {
         "per_request": "unavailable: not in the recording", "totals": "unavailable: not in the recording"}
     rep.update(judge_run(cfg, weights, calls, proposals, list(meta.get("tap_errors", [])), case, targets=targets,

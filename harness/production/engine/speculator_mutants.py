@@ -52,6 +52,20 @@ MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
                      "the draft-decode graphs are captured without on_multi_step_decode_begin: skip_topk is "
                      "baked in off, so replayed steps >= 1 rerun the indexer instead of reusing step 0's rows",
                      passes_eager="engine-accept-k3-share", at_build=True),
+    # capture-only bugs of the draft decode without index sharing (K >= 3): steps >= 2 run the
+    # indexer over per-step metadata that a FULL graph reads from buffers the host refreshes
+    SpeculatorMutant("graph-step-metadata-frozen", "engine-graphs-accept-k3-noshare",
+                     "graph replay differs from eager",
+                     "the draft decode skips the host's attention-metadata rebuild at steps >= 2 when a FULL "
+                     "graph will replay (the graph replays the buffers of step 1: seq_lens and the indexer's "
+                     "lengths one short, the key written at step 1 never read)",
+                     passes_eager="engine-accept-k3-noshare"),
+    SpeculatorMutant("graph-padded-rows-live-slot", "engine-graphs-accept-k3-noshare",
+                     "graph replay differs from eager",
+                     "the draft decode's slot mapping gives a padded row of a FULL graph the slot of live "
+                     "request 0 instead of the pad slot: the padded row's KV write lands in that request's "
+                     "draft KV",
+                     passes_eager="engine-accept-k3-noshare"),
 )}
 
 # the mutants a sweep of one live engine can plant and undo
@@ -157,6 +171,53 @@ class _Patches:
                 del self.on_multi_step_decode_begin
 
         undo.setattr(cls, "capture", capture)
+
+    @staticmethod
+    def graph_step_metadata_frozen(undo):
+        cls = _vllm("speculator.TargetDependentARSpeculator")
+        orig = cls._multi_step_decode  # the per-step (host rebuild) decode of both releases
+
+        def _multi_step_decode(self, num_reqs, skip_attn, batch_desc, *a, **k):
+            if getattr(getattr(batch_desc, "cg_mode", None), "name", None) != "FULL":
+                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+            build, kept = self._build_uniform_attn_metadata, {}
+
+            def frozen(*b, **kw):  # steps >= 2: the step-1 metadata object, buffers not refreshed
+                if (kw.get("step") or 1) >= 2 and "m" in kept:
+                    return kept["m"]
+                kept["m"] = build(*b, **kw)
+                return kept["m"]
+
+            self._build_uniform_attn_metadata = frozen
+            try:
+                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+            finally:
+                del self._build_uniform_attn_metadata
+
+        undo.setattr(cls, "_multi_step_decode", _multi_step_decode)
+
+    @staticmethod
+    def graph_padded_rows_live_slot(undo):
+        cls = _vllm("speculator.TargetDependentARSpeculator")
+        orig = cls._multi_step_decode
+
+        def _multi_step_decode(self, num_reqs, skip_attn, batch_desc, *a, **k):
+            tables, compute = self.block_tables, self.block_tables.compute_slot_mappings
+
+            def slots(idx_mapping, query_start_loc, positions, num_tokens_padded, *b, **kw):
+                out = compute(idx_mapping, query_start_loc, positions, num_tokens_padded, *b, **kw)
+                n = int(idx_mapping.shape[0])
+                if num_tokens_padded > n > 0:  # only a padded (graph) batch has such rows
+                    out[:, n:num_tokens_padded] = out[:, :1]
+                return out
+
+            tables.compute_slot_mappings = slots
+            try:
+                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+            finally:
+                del tables.compute_slot_mappings
+
+        undo.setattr(cls, "_multi_step_decode", _multi_step_decode)
 
     @staticmethod
     def spec_step_idx_ignored(undo):
