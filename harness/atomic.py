@@ -76,10 +76,132 @@ def _resolve_target(path: Path, *, directory: bool) -> Path:
     return path
 
 
+# the file every directory written here holds: which files the harness put in it. A directory is
+# replaced (``--force``) or a leftover of a dead run removed only as far as this list goes
+MARKER = ".hyv4-harness-written.json"
+MARKER_KIND = "hyv4-mtp-harness directory"
+
+
+class InTheWay(FileExistsError, CLIError):
+    """A directory write refused (exit 2): the target holds what the harness did not write, or
+    another process is writing it now. The message names what is in the way."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EEXIST, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _listing(root: Path) -> dict[str, str]:
+    """{relative path: "file" | "dir" | "other"} of everything under ``root`` (links not followed)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError:
+                continue
+            out[rel] = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return out
+
+
+def _write_marker(root: Path) -> None:
+    listing = _listing(root)
+    doc = {"written_by": MARKER_KIND, "files": sorted(k for k, v in listing.items() if v == "file"),
+           "dirs": sorted(k for k, v in listing.items() if v == "dir")}
+    (root / MARKER).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _marker_of(root: Path) -> tuple[set[str], set[str]] | None:
+    """(files, dirs) the harness wrote into ``root``, from its marker; None without a readable one."""
+    p = root / MARKER
+    try:
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > (16 << 20):
+            return None
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not (isinstance(doc, dict) and doc.get("written_by") == MARKER_KIND and isinstance(doc.get("files"), list)
+            and all(isinstance(f, str) for f in doc["files"])):
+        return None
+    dirs = doc.get("dirs") if isinstance(doc.get("dirs"), list) else []
+    return set(doc["files"]), {d for d in dirs if isinstance(d, str)}
+
+
+def _not_ours(root: Path) -> list[str]:
+    """What in directory ``root`` the harness did not write (sorted; empty: all of it is ours)."""
+    listing = _listing(root)
+    owned = _marker_of(root)
+    if owned is None:
+        return sorted(k for k in listing if os.sep not in k)
+    files, dirs = owned
+    return sorted(k for k, kind in listing.items() if k != MARKER and not (
+        (kind == "file" and k in files) or (kind == "dir" and k in dirs)))
+
+
+def _shown(names: list[str], limit: int = 5) -> str:
+    from .exitcodes import listed, printable
+
+    return printable(listed(names, limit))
+
+
+def check_replaceable(path: str | Path, replace: bool, what: str | None = None) -> None:
+    """``InTheWay`` (exit 2) when writing directory ``path`` would remove anything the harness did
+    not write: a non-empty directory without ``replace``; with it, a directory that lacks the
+    harness's marker or holds files the marker does not list (``synth ~/ --force``, a git
+    repository, a file added to a checkpoint by hand). Nothing is touched."""
+    from .exitcodes import printable
+
+    p = Path(path)
+    what = what or str(p)
+    try:
+        if not p.is_dir() or not any(p.iterdir()):
+            return
+    except OSError:
+        return  # the write itself names it
+    if not replace:
+        raise InTheWay(f"{printable(what)}: directory is not empty (use --force to replace it)")
+    alien = _not_ours(p)
+    if alien:
+        why = ("has no " + MARKER + " (it was not written by the harness)" if _marker_of(p) is None
+               else "holds files the harness did not write")
+        raise InTheWay(f"{printable(what)}: {why}: {_shown(alien)}; --force replaces only a directory the "
+                       "harness wrote; move them away or write elsewhere")
+
+
+def _remove_ours(root: Path) -> list[str]:
+    """Remove what the harness wrote in ``root`` (its marker's files and folders), then ``root``
+    when nothing else is left; returns what is left (names the harness did not write)."""
+    owned = _marker_of(root)
+    if owned is None:
+        return [str(root)] if os.path.lexists(root) else []
+    files, dirs = owned
+    for rel in sorted(files):
+        p = root / rel
+        with contextlib.suppress(OSError):
+            if not stat.S_ISDIR(os.lstat(p).st_mode):
+                p.unlink()
+    with contextlib.suppress(OSError):
+        (root / MARKER).unlink()
+    for rel in sorted(dirs, key=lambda d: -d.count(os.sep)):  # deepest first
+        with contextlib.suppress(OSError):
+            (root / rel).rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
+    return sorted(_listing(root)) if os.path.lexists(root) else []
+
+
 def clean_dead_leftovers(path: Path) -> None:
     """Remove the temp files and directories a killed run left beside ``path`` (their pid is
     gone): ``.NAME.<pid>.*.tmp``, ``NAME.tmp-<pid>``; ``NAME.old-<pid>`` (a replaced directory)
-    is removed when NAME exists, else renamed back to NAME (the run died between the renames)."""
+    loses what the harness wrote in it when NAME exists, else is renamed back to NAME (the run died
+    between the renames). A file someone else put in an old directory stays."""
     parent, name = path.parent, path.name
     try:
         entries = os.listdir(parent)
@@ -99,23 +221,72 @@ def clean_dead_leftovers(path: Path) -> None:
                 leftover.unlink()
             elif d.group(1) == "old" and not os.path.lexists(path):
                 os.replace(leftover, path)
+            elif d.group(1) == "old":
+                _remove_ours(leftover)
             else:
                 shutil.rmtree(leftover)
 
 
 @contextlib.contextmanager
 def _signals_held():
-    """SIGINT and SIGTERM wait until the block ends (two renames that must both happen)."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    """Terminating signals wait until the block ends (two renames that must both happen): held
+    for the main thread (``pthread_sigmask``) and, where ``harness.exitcodes`` handles them, for
+    every thread (its handler defers them)."""
+    from .exitcodes import signals_deferred, terminating_signals
+
+    held = set(terminating_signals())
+    with signals_deferred():
+        try:
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        except (AttributeError, ValueError, OSError):  # not POSIX
+            old = None
+        try:
+            yield
+        finally:
+            if old is not None:  # a signal held for this thread arrives now, and waits for the block's end
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def _dir_lock(path: Path):
+    """One writer of directory ``path`` at a time: an exclusive ``flock`` on ``.NAME.lock`` beside
+    it (removed by its holder, released by the kernel if the holder dies). A second writer is
+    ``InTheWay`` (exit 2) at once, naming the pid that holds the lock: nothing is replaced
+    silently and nobody waits for ever."""
+    import fcntl
+
+    lock = path.parent / f".{path.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            except OSError:
+                holder = "?"
+            os.close(fd)
+            from .exitcodes import printable
+            raise InTheWay(f"{printable(path)}: another process (pid {holder}) is writing it now; nothing "
+                           "was written (run one writer at a time)") from None
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino  # not a lock file its holder just removed
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
     try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, ValueError, OSError):  # not POSIX
-        yield
-        return
-    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
 
 
 def _missing_parents(parent: Path) -> list[Path]:
@@ -161,30 +332,47 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
 
 def atomic_write_dir(path: str | Path, fill: Callable[[Path], None], *, replace: bool = False) -> Path:
     """Call ``fill(tmp_dir)`` to produce a directory's files, then put it at ``path`` (or at the
-    directory ``path`` links to). An existing non-empty directory is replaced only with
-    ``replace`` (else ``FileExistsError``); the swap is two renames that SIGINT / SIGTERM
-    cannot split. Returns the path written.
+    directory ``path`` links to), with ``MARKER`` listing them. Returns the path written.
 
-    If the replaced directory cannot be removed afterwards (a file in it is immutable, say),
-    the new one is in place all the same: a warning on stderr names what is left."""
+    An existing non-empty directory is replaced only with ``replace`` and only when the harness
+    wrote all of it (``check_replaceable``: its marker lists everything in it), checked again
+    just before the swap (a file written into it meanwhile is never deleted: ``InTheWay``). One
+    writer at a time (``_dir_lock``). The swap is two renames no terminating signal splits; the
+    replaced directory then loses what the harness wrote, and anything else found in it stays,
+    named by a warning on stderr."""
+    from .exitcodes import printable
+
     path = _resolve_target(Path(path), directory=True)
+    created = _missing_parents(path.parent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with _dir_lock(path):
+            _write_dir_locked(path, fill, replace, created)
+    except BaseException:
+        _remove_created(created)
+        raise
+    return path
+
+
+def _write_dir_locked(path: Path, fill, replace: bool, created: list[Path]) -> None:
+    from .exitcodes import printable
+
     clean_dead_leftovers(path)  # first: it may put back a directory a killed run had moved aside
-    if path.is_dir() and any(path.iterdir()) and not replace:
-        raise FileExistsError(f"{path}: directory is not empty (use --force to replace it)")
+    check_replaceable(path, replace)
     tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
     if os.path.lexists(tmp):
         shutil.rmtree(tmp)
-    created = _missing_parents(path.parent)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     try:
         fill(tmp)
+        _write_marker(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_created(created)
         raise
     with _signals_held():  # from here on the new directory is installed, whatever arrives
         old = None
         try:
+            check_replaceable(path, replace)  # again: nothing was written into it during the fill
             if path.is_dir() and any(path.iterdir()):
                 old = path.parent / f"{path.name}.old-{os.getpid()}"
                 os.replace(path, old)
@@ -197,14 +385,12 @@ def atomic_write_dir(path: str | Path, fill: Callable[[Path], None], *, replace:
                 os.replace(tmp, path)  # an empty directory is replaced too
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-            _remove_created(created)
             raise
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-            if os.path.lexists(old):
-                print(f"warning: {path} written; the directory it replaced could not be removed "
-                      f"entirely: what is left of it is at {old}", file=sys.stderr)
-    return path
+            left = _remove_ours(old)
+            if left:
+                print(printable(f"warning: {path} written; the directory it replaced could not be removed "
+                                f"entirely: what is left of it is at {old} ({_shown(left)})"), file=sys.stderr)
 
 
 # errno values that say the target path is wrong (the user's input: exit 2);

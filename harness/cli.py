@@ -140,10 +140,11 @@ def _check_synth_args(args) -> None:
     from . import input_checks as check
     from .presets import preset
 
+    from .atomic import check_replaceable
+
     check.replaceable_dir("OUT_DIR", args.out_dir)
-    out = Path(args.out_dir)
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise CLIError(f"{out}: directory is not empty (use --force to replace it)")
+    # what --force would remove: only a directory the harness wrote (its marker lists every file)
+    check_replaceable(args.out_dir, args.force, f"OUT_DIR {args.out_dir}")
     check.integer("--mtp-layers", args.mtp_layers, 1, MAX_MTP_LAYERS, "num_nextn_predict_layers")
     check.integer("--shards", args.shards, 1, MAX_SHARDS)
     check.seed("--seed", args.seed)

@@ -54,6 +54,9 @@ def check_record_target(path: str | Path, force: bool) -> None:
                        "silently (--force replaces it)")
     if p.is_symlink() or not p.is_dir() or (_stamp_of(p) is None and any(p.iterdir())):
         raise CLIError(f"--record-baseline {path}: exists and is not a baseline directory; refusing to replace it")
+    from harness.atomic import check_replaceable
+
+    check_replaceable(p, True, f"--record-baseline {path}")  # only what the harness wrote is replaced
 
 
 def read_stamp(path: str | Path) -> dict:
