@@ -200,18 +200,36 @@ def cmd_compare(args) -> int:
 def cmd_main_job(args) -> int:
     """The README's main job: side by side on the built-in synthetic case where a
     GPU is present; else the reference checked against its goldens. Its arguments are those of
-    ``compare`` and are checked as such on any machine (bad input is exit 2 with or without a GPU)."""
+    ``compare`` and are checked as such on any machine (bad input is exit 2 with or without a GPU).
+
+    An explicit target (CKPT_DIR, a preset, a case id, ``--tp``, ``--steps``, ``--seed``) is what
+    the user asked about: on a host without the production path it is validated (2 on bad input)
+    and the verdict is 125, cannot judge; never the goldens' 0, which is about something else."""
     from .production import can_run
     from .commands.compare import validate_args
 
+    explicit = [what for what, given in (
+        (f"CKPT_DIR {args.ckpt}", args.ckpt is not None), (f"--tp {args.tp}", args.tp != 1),
+        (f"--steps {args.steps}", args.steps is not None), (f"--seed {args.seed}", args.seed is not None)) if given]
+    if args.ckpt is None:
+        args.ckpt = DEFAULT_MAIN_TARGET
     validate_args("compare_command", args)
     reason = can_run.cannot_run_production_reason()
     if reason is None:
         return cmd_compare(args)
+    if explicit:
+        from .exitcodes import printable
+
+        print(printable(f"cannot judge: {' '.join(explicit)}: the input is valid (checked on this host), but its "
+                        f"side by side needs the production path: {reason}"))
+        return EXIT_CANNOT_JUDGE
     print(f"no production path here ({reason}): checking the reference against its goldens")
     from .golden_check import check_reference_goldens
 
     return check_reference_goldens(verbose=True, report=args.report)
+
+
+DEFAULT_MAIN_TARGET = "preset:tiny"
 
 
 def cmd_report(args) -> int:
@@ -363,8 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_warmup_arguments(w)
     w.set_defaults(func=cmd_warmup)
 
-    m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens")
+    m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens (an explicit "
+                       "target without a GPU: validated, then 125)")
     _add_side_by_side_arguments(m)
+    # None: nothing named (the built-in case); a target named on a host without a GPU is not
+    # answered by the goldens check (cmd_main_job)
+    m.set_defaults(ckpt=None)
     m.set_defaults(func=cmd_main_job)
     return p
 
