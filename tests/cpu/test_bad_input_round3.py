@@ -546,9 +546,9 @@ def test_leftovers_of_dead_runs_are_cleaned(tmp_path):
     (tmp_path / f".t.json.{live}.abcd1234.tmp").write_text("a live run's")
     (tmp_path / f"ck.tmp-{dead}").mkdir()
     # the swap had finished: the old one (written by the harness, its marker says) is only debris
+    atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
     atomic_write_dir(tmp_path / "x", lambda d: (d / "config.json").write_text("{}"))
     os.rename(tmp_path / "x", tmp_path / f"ck.old-{dead}")
-    atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
     atomic_write_bytes(tmp_path / "t.json", b"{}")
     atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text('{"new": 1}'), replace=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".t.json.{live}.abcd1234.tmp", "ck", "t.json"])
