@@ -85,13 +85,15 @@ def check_arguments(args) -> None:
 
     for cid in args.case or ():
         if cid not in GPU_CASES:
-            raise CLIError(f"--case {cid}: unknown; known: {', '.join(GPU_CASES)}")
+            from ..exitcodes import listed
+            raise CLIError(f"--case {listed([cid])}: unknown; known: {listed(GPU_CASES, 40)}")
     if getattr(args, "engine_only", False) and (args.case or args.no_engine):
         raise CLIError(f"--engine-only and {'--case' if args.case else '--no-engine'}: choose one")
     if getattr(args, "lanes", 1) < 1:
         raise CLIError(f"--lanes {args.lanes}: give 1 or more")
     if not args.no_engine and args.engine not in ENGINE_CASES:
-        raise CLIError(f"--engine {args.engine}: unknown; known: {', '.join(ENGINE_CASES)}")
+        from ..exitcodes import listed
+        raise CLIError(f"--engine {listed([args.engine])}: unknown; known: {listed(ENGINE_CASES, 40)}")
     for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
         if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
             raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
