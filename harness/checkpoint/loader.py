@@ -304,7 +304,7 @@ def _read_header(path: Path) -> _ShardHeader:
                                   "[start, end], two byte offsets")
         for which, o in zip(("start", "end"), offs):
             if not (isinstance(o, int) and not isinstance(o, bool)) or o < 0:
-                raise CheckpointError(path, name, f"corrupt header entry: data_offsets {which} {str(o)[:40]!r} "
+                raise CheckpointError(path, name, f"corrupt header entry: data_offsets {which} {json.dumps(o)[:40]} "
                                       "must be a non-negative int (a byte offset into the data section)")
         start, end = offs
         _check_span(path, name, entry, start, end)
