@@ -289,7 +289,7 @@ def cmd_mutants(args) -> int:
 def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``compare`` and ``main`` (which runs compare on a GPU)."""
     p.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny",
-                   help="a checkpoint directory, preset:NAME (seeded weights) or a GPU case id")
+                   help="a checkpoint directory, preset:NAME (seeded weights) or a GPU case id (none: preset:tiny)")
     p.add_argument("--steps", type=int, default=None,
                    help="draft steps K of a preset or checkpoint directory (default 2; refused with a case id)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism: runs on that many GPUs, also vs TP=1")
