@@ -136,11 +136,13 @@ def fingerprint(case) -> str:
 
 def read_stamp(root: str) -> dict:
     """The root's stamp ({"versions": ..., "steps": {name: fingerprint}}); empty when absent or unreadable."""
-    try:
-        with open(os.path.join(root, STAMP)) as f:
-            stamp = json.load(f)
+    from ..exitcodes import CLIError
+    from ..input_checks import read_json
+
+    try:  # bounded, regular files only: a FIFO never blocks the run
+        stamp = read_json(os.path.join(root, STAMP), os.path.join(root, STAMP))
         return stamp if isinstance(stamp, dict) and isinstance(stamp.get("steps"), dict) else {}
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError, CLIError):
         return {}
 
 
