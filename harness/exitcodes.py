@@ -9,8 +9,11 @@
     125  cannot judge: no GPU, no vLLM, a missing kernel, a crash inside vLLM
          that is not a load problem, or an error the harness did not anticipate
          (``git bisect run`` skips the commit)
-    130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: ``interrupted`` in one line, the
+    128+n  interrupted by signal n (``terminating_signals``: 130 SIGINT / Ctrl-C, 143 SIGTERM,
+         129 SIGHUP, 131 SIGQUIT, 138 SIGUSR1, ...): ``interrupted (SIGNAME)`` in one line, the
          temp files of the write in progress removed (``harness.atomic``)
+    141  stdout's reader went away (``... | head``): the command ends quietly, as other tools do;
+         a stdout that cannot be written otherwise (``/dev/full``) is bad input (2), one line
 
 Every command reports an error as exactly one line (``error: ...`` for 2,
 ``vLLM load failed: ...`` for 1, ``cannot judge: ...`` for 125); ``--debug``
