@@ -181,12 +181,14 @@ def _remove_ours(root: Path) -> list[str]:
     owned = _marker_of(root)
     if owned is None:
         return [str(root)] if os.path.lexists(root) else []
-    files, dirs = owned
+    # only names that are inside ``root`` now and of the kind the marker says: a marker that lists
+    # ``../x`` or a folder now a link to elsewhere removes nothing outside
+    listing = _listing(root)
+    files = {k for k in owned[0] if listing.get(k) == "file"}
+    dirs = {k for k in owned[1] if listing.get(k) == "dir"}
     for rel in sorted(files):
-        p = root / rel
         with contextlib.suppress(OSError):
-            if not stat.S_ISDIR(os.lstat(p).st_mode):
-                p.unlink()
+            (root / rel).unlink()
     with contextlib.suppress(OSError):
         (root / MARKER).unlink()
     for rel in sorted(dirs, key=lambda d: -d.count(os.sep)):  # deepest first

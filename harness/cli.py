@@ -124,8 +124,10 @@ def cmd_reference(args) -> int:
     except write_errors() as exc:
         raise write_failure(f"--out {out}", exc) from exc
     toks = result.tokens.tolist()
-    print(f"reference: {len(flat)} tensors, {args.steps} step(s) x {args.requests} request(s), "
-          f"{first.input_ids.numel()} step-0 tokens, dtype {args.dtype}, {dt:.2f}s, draft tokens {toks} -> {out}")
+    from .exitcodes import printable
+
+    print(printable(f"reference: {len(flat)} tensors, {args.steps} step(s) x {args.requests} request(s), "
+          f"{first.input_ids.numel()} step-0 tokens, dtype {args.dtype}, {dt:.2f}s, draft tokens {toks} -> {out}"))
     return EXIT_OK
 
 
@@ -253,17 +255,19 @@ def cmd_report(args) -> int:
         b = read_report(args.b) if args.b else None
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
-    print(format_table(a))
+    from .exitcodes import printable  # names and ids come from the report file: never raw to a terminal
+
+    print(printable(format_table(a)))
     if args.plot:
         try:
-            print(f"plot: {plot(a, args.plot)}")
+            print(printable(f"plot: {plot(a, args.plot)}"))
         except write_errors() as exc:
             raise write_failure(f"--plot {args.plot}", exc) from exc
     if b is not None:
         moved = diff(a, b, args.factor)
-        print(f"\n{len(moved)} component(s) moved between {args.a} and {args.b}:")
+        print(printable(f"\n{len(moved)} component(s) moved between {args.a} and {args.b}:"))
         for line in moved:
-            print("  " + line)
+            print(printable("  " + line))
     return EXIT_OK
 
 

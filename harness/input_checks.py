@@ -309,7 +309,7 @@ def _env_workers(name: str, value: str) -> None:
     v = value.strip().lower()
     if v in ("", "auto", "0", "off", "no", "serial"):
         return
-    if not v.isdigit() or int(v) > 256:
+    if not v.isdigit() or len(v) > 4 or int(v) > 256:  # (a 5000-digit value is past Python's int limit)
         raise CLIError(f"${name}={value!r}: must be a number of workers within 0..256, auto or 0")
 
 

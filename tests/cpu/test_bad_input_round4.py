@@ -646,3 +646,35 @@ def test_ten_thousand_unknown_names_are_cut(capsys, gpu_host):
     argv = ["bisect-check"] + [a for n in names for a in ("--case", n)]
     line = _one_line(_run(capsys, *argv), 2, "no-such-case-0", "(+9995 more)")
     assert len(line) < 2000
+
+
+def test_a_forged_marker_removes_nothing_outside_its_directory(tmp_path):
+    from harness.atomic import atomic_write_dir
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the harness's")
+    out = tmp_path / "ck"
+    atomic_write_dir(out, lambda d: (d / "config.json").write_text("{}"))
+    doc = json.loads((out / MARKER).read_text())
+    doc["files"] += ["../victim.txt", "/etc/hostname"]
+    doc["dirs"] += [".."]
+    (out / MARKER).write_text(json.dumps(doc))
+    atomic_write_dir(out, lambda d: (d / "config.json").write_text('{"new": 1}'), replace=True)
+    assert victim.read_text() == "not the harness's" and (out / "config.json").read_text() == '{"new": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "victim.txt"]
+
+
+def test_environment_values_past_the_int_string_limit(capsys, monkeypatch):
+    monkeypatch.setenv("HYV4_PYTEST_WORKERS", "9" * 5000)
+    _one_line(_run(capsys, "report", "--help"), 2, "$HYV4_PYTEST_WORKERS")
+
+
+def test_names_from_a_report_or_a_path_are_escaped_on_success_too(tmp_path, capsys):
+    p = _good_report(tmp_path)
+    doc = json.loads(p.read_text())
+    doc["cases"]["c\x1b[31m"] = doc["cases"].pop("c")
+    p.write_text(json.dumps(doc))
+    code, lines, text = _run(capsys, "report", p)
+    assert code == 0 and "\x1b" not in text and "\\x1b[31m" in text, repr(text)
+    code, lines, text = _run(capsys, "synth", tmp_path / "ck\x1b[2J")
+    assert code == 0 and "\x1b" not in text and "\\x1b[2J" in text, repr(text)
