@@ -175,18 +175,22 @@ class _GuardedStream:
     ``StreamGone`` naming the stream (everything else is the stream's own)."""
 
     def __init__(self, stream, name: str):
-        self._stream, self._name = stream, name
+        self._stream, self._name, self._active = stream, name, True
 
     def write(self, s):
         try:
             return self._stream.write(s)
         except OSError as exc:
+            if not self._active:  # kept by a logger past the command: the stream's own error
+                raise
             raise StreamGone(self._name, exc) from exc
 
     def flush(self):
         try:
             return self._stream.flush()
         except OSError as exc:
+            if not self._active:
+                raise
             raise StreamGone(self._name, exc) from exc
 
     def __getattr__(self, name):
@@ -196,12 +200,15 @@ class _GuardedStream:
 @contextlib.contextmanager
 def _streams_guarded():
     saved = sys.stdout, sys.stderr
-    sys.stdout = _GuardedStream(saved[0], "stdout") if saved[0] is not None else None
-    sys.stderr = _GuardedStream(saved[1], "stderr") if saved[1] is not None else None
+    guards = [_GuardedStream(s, n) if s is not None else None for s, n in zip(saved, ("stdout", "stderr"))]
+    sys.stdout, sys.stderr = guards
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+        for g in guards:
+            if g is not None:
+                g._active = False
 
 
 def _silence(stream) -> None:
