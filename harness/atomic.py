@@ -257,23 +257,33 @@ def _dir_lock(path: Path):
     silently and nobody waits for ever."""
     import fcntl
 
+    from .exitcodes import printable
+
     lock = path.parent / f".{path.name}.lock"
     while True:
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0),
+                         0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InTheWay(f"{printable(lock)}: a symbolic link where the harness keeps its lock; "
+                               "move it away") from None
+            raise
+        st = os.fstat(fd)
+        content = os.pread(fd, 64, 0) if stat.S_ISREG(st.st_mode) and st.st_size <= 32 else None
+        if content is None or not re.fullmatch(rb"\d*", content.strip()):
+            os.close(fd)  # someone else's file, never truncated or removed
+            raise InTheWay(f"{printable(lock)}: in the way of the harness's lock (a lock file holds a pid "
+                           "and nothing else); move it away")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            except OSError:
-                holder = "?"
+            holder = content.decode().strip() or "?"
             os.close(fd)
-            from .exitcodes import printable
             raise InTheWay(f"{printable(path)}: another process (pid {holder}) is writing it now; nothing "
                            "was written (run one writer at a time)") from None
-        except OSError:
-            os.close(fd)
-            raise
+        except OSError:  # a file system without flock (some network mounts): written unserialised
+            break
         try:
             same = os.stat(lock).st_ino == os.fstat(fd).st_ino  # not a lock file its holder just removed
         except FileNotFoundError:

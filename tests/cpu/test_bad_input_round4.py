@@ -678,3 +678,16 @@ def test_names_from_a_report_or_a_path_are_escaped_on_success_too(tmp_path, caps
     assert code == 0 and "\x1b" not in text and "\\x1b[31m" in text, repr(text)
     code, lines, text = _run(capsys, "synth", tmp_path / "ck\x1b[2J")
     assert code == 0 and "\x1b" not in text and "\\x1b[2J" in text, repr(text)
+
+
+def test_a_file_where_the_lock_goes_is_never_truncated_or_removed(tmp_path):
+    from harness.atomic import InTheWay, atomic_write_dir
+
+    lock = tmp_path / ".ck.lock"
+    lock.write_text("my notes")
+    with pytest.raises(InTheWay, match="in the way of the harness's lock"):
+        atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
+    assert lock.read_text() == "my notes" and sorted(p.name for p in tmp_path.iterdir()) == [".ck.lock"]
+    lock.write_text("4194999")  # a killed writer's lock (its pid): taken over, then removed
+    atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
