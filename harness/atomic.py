@@ -3,9 +3,15 @@
 A file's content goes to a temp file in the same directory (``.NAME.<pid>.<random>.tmp``), then
 ``os.replace`` renames it over the target (atomic on POSIX); a directory is filled as
 ``NAME.tmp-<pid>`` and swapped in (the replaced one passes through ``NAME.old-<pid>``). On any
-failure, SIGINT and SIGTERM included (``harness.exitcodes`` turns SIGTERM into an exception),
+failure, every terminating signal included (``harness.exitcodes`` turns them into exceptions),
 the temp file or directory is removed; leftovers of a run that was killed outright (SIGKILL,
 power loss) carry its pid and are removed by the next write beside them once that pid is gone.
+
+A directory written here holds ``MARKER``, the list of the files the harness put in it: a
+non-empty directory is replaced (``--force``) only when that list covers everything in it, and a
+replaced directory loses only what the list names, so nothing the harness did not write is ever
+removed (``synth ~/ --force`` is refused, naming what is in the way). One writer of a directory at
+a time (``flock`` on ``.NAME.lock`` beside it): a second one is refused at once (exit 2).
 
 The target must be a regular file (or directory) or not exist yet: a device node, FIFO or
 socket at the path is refused (``NotRegularFile``, exit 2), never replaced by a file. A
