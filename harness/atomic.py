@@ -358,8 +358,6 @@ def atomic_write_dir(path: str | Path, fill: Callable[[Path], None], *, replace:
     writer at a time (``_dir_lock``). The swap is two renames no terminating signal splits; the
     replaced directory then loses what the harness wrote, and anything else found in it stays,
     named by a warning on stderr."""
-    from .exitcodes import printable
-
     path = _resolve_target(Path(path), directory=True)
     created = _missing_parents(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -325,6 +325,10 @@ def _read_header(path: Path) -> _ShardHeader:
         if end > data:
             raise CheckpointError(path, name, f"truncated or corrupt file: the tensor's data ends at byte {end} "
                                   f"of the data section, which holds {data} bytes")
+        if end < data:
+            raise CheckpointError(path, name, f"corrupt file: the last tensor's data ends at byte {end} of the "
+                                  f"data section, which holds {data} bytes ({data - end} unlisted bytes after it; "
+                                  "safetensors refuses the file)")
         break
     return _ShardHeader(8 + n, entries)
 

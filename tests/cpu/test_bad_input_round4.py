@@ -691,3 +691,10 @@ def test_a_file_where_the_lock_goes_is_never_truncated_or_removed(tmp_path):
     lock.write_text("4194999")  # a killed writer's lock (its pid): taken over, then removed
     atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_bytes_after_the_last_tensor_are_named(ckpt, tmp_path, capsys, gpu_host):
+    d = _copy(ckpt, tmp_path / "ck")
+    with open(d / "model-00001-of-00002.safetensors", "ab") as f:
+        f.write(b"\0" * 6)
+    _one_line(_run(capsys, "compare", d), 2, "model-00001-of-00002.safetensors", "6 unlisted bytes")
