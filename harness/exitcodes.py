@@ -265,7 +265,8 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``error: ...``) and exit 2 like every bad input."""
 
     def error(self, message):
-        self.exit(EXIT_USAGE, f"error: {self.prog}: {message}\n")
+        # the message quotes the user's value: escaped (control characters) and cut (5000 digits)
+        self.exit(EXIT_USAGE, _cut(printable(f"error: {self.prog}: {one_line(message)}")) + "\n")
 
 
 def one_line(text: str) -> str:

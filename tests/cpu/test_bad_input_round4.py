@@ -698,3 +698,10 @@ def test_bytes_after_the_last_tensor_are_named(ckpt, tmp_path, capsys, gpu_host)
     with open(d / "model-00001-of-00002.safetensors", "ab") as f:
         f.write(b"\0" * 6)
     _one_line(_run(capsys, "compare", d), 2, "model-00001-of-00002.safetensors", "6 unlisted bytes")
+
+
+def test_usage_errors_are_escaped_and_cut(capsys):
+    line = _one_line(_run(capsys, "reference", "preset:tiny", "--out", "t", "--seed", "9" * 5000), 2, "--seed")
+    assert len(line) <= 2000 and "more characters" in line
+    code, lines, text = _run(capsys, "reference", "preset:tiny", "--out", "t", "--device", "cu\x1b[2Jda")
+    assert code == 2 and "\x1b" not in text and "\\x1b[2J" in text and len(lines) == 1, repr(text)
