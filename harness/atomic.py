@@ -207,9 +207,10 @@ def _remove_ours(root: Path) -> list[str]:
 
 def clean_dead_leftovers(path: Path) -> None:
     """Remove the temp files and directories a killed run left beside ``path`` (their pid is
-    gone): ``.NAME.<pid>.*.tmp``, ``NAME.tmp-<pid>``; ``NAME.old-<pid>`` (a replaced directory)
-    loses what the harness wrote in it when NAME exists, else is renamed back to NAME (the run died
-    between the renames). A file someone else put in an old directory stays."""
+    gone): ``.NAME.<pid>.*.tmp``, ``NAME.tmp-<pid>`` (when it holds the harness's marker, written
+    first thing); ``NAME.old-<pid>`` (a replaced directory) loses what the harness wrote in it when
+    NAME exists, else is renamed back to NAME (the run died between the renames). A directory of
+    that name the harness did not make, and a file someone else put in an old one, stay."""
     parent, name = path.parent, path.name
     try:
         entries = os.listdir(parent)
@@ -231,7 +232,7 @@ def clean_dead_leftovers(path: Path) -> None:
                 os.replace(leftover, path)
             elif d.group(1) == "old":
                 _remove_ours(leftover)
-            else:
+            elif _marker_of(leftover) is not None:  # a temp directory the harness made (its marker from the start)
                 shutil.rmtree(leftover)
 
 
@@ -377,9 +378,13 @@ def _write_dir_locked(path: Path, fill, replace: bool, created: list[Path]) -> N
     check_replaceable(path, replace)
     tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
     if os.path.lexists(tmp):
+        if _marker_of(tmp) is None:
+            raise InTheWay(f"{printable(tmp)}: in the way of the harness's temp directory (it holds no "
+                           f"{MARKER}); move it away")
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
+        _write_marker(tmp)  # from the start: a killed run's temp directory is known as the harness's
         fill(tmp)
         _write_marker(tmp)
     except BaseException:

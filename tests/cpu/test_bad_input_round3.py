@@ -538,13 +538,14 @@ def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
 
 
 def test_leftovers_of_dead_runs_are_cleaned(tmp_path):
-    from harness.atomic import atomic_write_bytes, atomic_write_dir
+    from harness.atomic import _write_marker, atomic_write_bytes, atomic_write_dir
 
     dead = 2 ** 22 + 12345  # above the default pid_max: never a live process
     live = os.getppid()
     (tmp_path / f".t.json.{dead}.abcd1234.tmp").write_text("half")
     (tmp_path / f".t.json.{live}.abcd1234.tmp").write_text("a live run's")
     (tmp_path / f"ck.tmp-{dead}").mkdir()
+    _write_marker(tmp_path / f"ck.tmp-{dead}")  # the harness marks its temp directory first thing
     # the swap had finished: the old one (written by the harness, its marker says) is only debris
     atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
     atomic_write_dir(tmp_path / "x", lambda d: (d / "config.json").write_text("{}"))

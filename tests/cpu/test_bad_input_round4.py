@@ -298,20 +298,24 @@ def test_sighup_of_a_real_entry_point(tmp_path):
 
 
 def test_dead_runs_leftovers_go_but_a_foreign_file_stays(tmp_path):
-    from harness.atomic import atomic_write_bytes, atomic_write_dir
+    from harness.atomic import _write_marker, atomic_write_bytes, atomic_write_dir
 
     dead = 2 ** 22 + 4321  # above the default pid_max: never a live process
     (tmp_path / f".t.json.{dead}.x1y2z3w4.tmp").write_text("half")
     (tmp_path / f"ck.tmp-{dead}").mkdir()
+    _write_marker(tmp_path / f"ck.tmp-{dead}")  # the harness marks its temp directory first thing
     (tmp_path / f"ck.tmp-{dead}" / "config.json").write_text("half")
+    (tmp_path / f"ck.tmp-{dead + 1}").mkdir()  # a directory of that name the harness did not make
+    (tmp_path / f"ck.tmp-{dead + 1}" / "yours.txt").write_text("yours")
     atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
     atomic_write_dir(tmp_path / "x", lambda d: (d / "config.json").write_text("{}"))
     (tmp_path / "x" / "yours.txt").write_text("not the harness's")
     os.rename(tmp_path / "x", tmp_path / f"ck.old-{dead}")
     atomic_write_bytes(tmp_path / "t.json", b"{}")
     atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"), replace=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", f"ck.old-{dead}", "t.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", f"ck.old-{dead}", f"ck.tmp-{dead + 1}", "t.json"]
     assert sorted(p.name for p in (tmp_path / f"ck.old-{dead}").iterdir()) == ["yours.txt"]
+    assert (tmp_path / f"ck.tmp-{dead + 1}" / "yours.txt").read_text() == "yours"
 
 
 # ---- 4: config values outside their domain ---------------------------------------------------------
