@@ -645,10 +645,11 @@ def test_control_characters_are_escaped(ckpt, tmp_path, capsys, gpu_host):
         assert len(lines) == 1 and "\\x1b" in lines[0], repr(text)
 
 
-def test_ten_thousand_unknown_names_are_cut(capsys, gpu_host):
-    names = [f"no-such-case-{i}" for i in range(10_000)]
+def test_thousands_of_unknown_names_are_cut(capsys, gpu_host):
+    """(argparse itself takes seconds over 10,000 repeated flags: 1,500 show the same cut)"""
+    names = [f"no-such-case-{i}" for i in range(1500)]
     argv = ["bisect-check"] + [a for n in names for a in ("--case", n)]
-    line = _one_line(_run(capsys, *argv), 2, "no-such-case-0", "(+9995 more)")
+    line = _one_line(_run(capsys, *argv), 2, "no-such-case-0", "(+1495 more)")
     assert len(line) < 2000
 
 
