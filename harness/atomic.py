@@ -142,13 +142,25 @@ def _marker_of(root: Path) -> tuple[set[str], set[str]] | None:
 
 def _not_ours(root: Path) -> list[str]:
     """What in directory ``root`` the harness did not write (sorted; empty: all of it is ours)."""
-    listing = _listing(root)
     owned = _marker_of(root)
-    if owned is None:
-        return sorted(k for k in listing if os.sep not in k)
+    if owned is None:  # no walk of what may be a whole home directory: its names are the answer
+        return sorted(os.listdir(root))
     files, dirs = owned
-    return sorted(k for k, kind in listing.items() if k != MARKER and not (
-        (kind == "file" and k in files) or (kind == "dir" and k in dirs)))
+    alien = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            rel = str((Path(dirpath) / name).relative_to(root))
+            try:
+                mode = os.lstat(Path(dirpath) / name).st_mode
+            except OSError:
+                continue
+            ok = (stat.S_ISREG(mode) and rel in files) or (stat.S_ISDIR(mode) and rel in dirs) or rel == MARKER
+            if not ok:
+                alien.append(rel)
+        # a folder the harness did not write is named once, not walked
+        dirnames[:] = [d for d in dirnames if str((Path(dirpath) / d).relative_to(root)) in dirs
+                       and not os.path.islink(os.path.join(dirpath, d))]
+    return sorted(alien)
 
 
 def _shown(names: list[str], limit: int = 5) -> str:
