@@ -3,9 +3,15 @@
 A file's content goes to a temp file in the same directory (``.NAME.<pid>.<random>.tmp``), then
 ``os.replace`` renames it over the target (atomic on POSIX); a directory is filled as
 ``NAME.tmp-<pid>`` and swapped in (the replaced one passes through ``NAME.old-<pid>``). On any
-failure, SIGINT and SIGTERM included (``harness.exitcodes`` turns SIGTERM into an exception),
+failure, every terminating signal included (``harness.exitcodes`` turns them into exceptions),
 the temp file or directory is removed; leftovers of a run that was killed outright (SIGKILL,
 power loss) carry its pid and are removed by the next write beside them once that pid is gone.
+
+A directory written here holds ``MARKER``, the list of the files the harness put in it: a
+non-empty directory is replaced (``--force``) only when that list covers everything in it, and a
+replaced directory loses only what the list names, so nothing the harness did not write is ever
+removed (``synth ~/ --force`` is refused, naming what is in the way). One writer of a directory at
+a time (``flock`` on ``.NAME.lock`` beside it): a second one is refused at once (exit 2).
 
 The target must be a regular file (or directory) or not exist yet: a device node, FIFO or
 socket at the path is refused (``NotRegularFile``, exit 2), never replaced by a file. A
@@ -76,10 +82,147 @@ def _resolve_target(path: Path, *, directory: bool) -> Path:
     return path
 
 
+# the file every directory written here holds: which files the harness put in it. A directory is
+# replaced (``--force``) or a leftover of a dead run removed only as far as this list goes
+MARKER = ".hyv4-harness-written.json"
+MARKER_KIND = "hyv4-mtp-harness directory"
+
+
+class InTheWay(FileExistsError, CLIError):
+    """A directory write refused (exit 2): the target holds what the harness did not write, or
+    another process is writing it now. The message names what is in the way."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EEXIST, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _listing(root: Path) -> dict[str, str]:
+    """{relative path: "file" | "dir" | "other"} of everything under ``root`` (links not followed)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError:
+                continue
+            out[rel] = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return out
+
+
+def _write_marker(root: Path) -> None:
+    listing = _listing(root)
+    doc = {"written_by": MARKER_KIND, "files": sorted(k for k, v in listing.items() if v == "file"),
+           "dirs": sorted(k for k, v in listing.items() if v == "dir")}
+    (root / MARKER).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _marker_of(root: Path) -> tuple[set[str], set[str]] | None:
+    """(files, dirs) the harness wrote into ``root``, from its marker; None without a readable one."""
+    p = root / MARKER
+    try:
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > (16 << 20):
+            return None
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not (isinstance(doc, dict) and doc.get("written_by") == MARKER_KIND and isinstance(doc.get("files"), list)
+            and all(isinstance(f, str) for f in doc["files"])):
+        return None
+    dirs = doc.get("dirs") if isinstance(doc.get("dirs"), list) else []
+    return set(doc["files"]), {d for d in dirs if isinstance(d, str)}
+
+
+def _not_ours(root: Path) -> list[str]:
+    """What in directory ``root`` the harness did not write (sorted; empty: all of it is ours)."""
+    owned = _marker_of(root)
+    if owned is None:  # no walk of what may be a whole home directory: its names are the answer
+        return sorted(os.listdir(root))
+    files, dirs = owned
+    alien = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            rel = str((Path(dirpath) / name).relative_to(root))
+            try:
+                mode = os.lstat(Path(dirpath) / name).st_mode
+            except OSError:
+                continue
+            ok = (stat.S_ISREG(mode) and rel in files) or (stat.S_ISDIR(mode) and rel in dirs) or rel == MARKER
+            if not ok:
+                alien.append(rel)
+        # a folder the harness did not write is named once, not walked
+        dirnames[:] = [d for d in dirnames if str((Path(dirpath) / d).relative_to(root)) in dirs
+                       and not os.path.islink(os.path.join(dirpath, d))]
+    return sorted(alien)
+
+
+def _shown(names: list[str], limit: int = 5) -> str:
+    from .exitcodes import listed, printable
+
+    return printable(listed(names, limit))
+
+
+def check_replaceable(path: str | Path, replace: bool, what: str | None = None) -> None:
+    """``InTheWay`` (exit 2) when writing directory ``path`` would remove anything the harness did
+    not write: a non-empty directory without ``replace``; with it, a directory that lacks the
+    harness's marker or holds files the marker does not list (``synth ~/ --force``, a git
+    repository, a file added to a checkpoint by hand). Nothing is touched."""
+    from .exitcodes import printable
+
+    p = Path(path)
+    what = what or str(p)
+    try:
+        if not p.is_dir() or not any(p.iterdir()):
+            return
+    except OSError:
+        return  # the write itself names it
+    if not replace:
+        raise InTheWay(f"{printable(what)}: directory is not empty (use --force to replace it)")
+    alien = _not_ours(p)
+    if alien:
+        why = ("has no " + MARKER + " (it was not written by the harness)" if _marker_of(p) is None
+               else "holds files the harness did not write")
+        raise InTheWay(f"{printable(what)}: {why}: {_shown(alien)}; --force replaces only a directory the "
+                       "harness wrote; move them away or write elsewhere")
+
+
+def _remove_ours(root: Path) -> list[str]:
+    """Remove what the harness wrote in ``root`` (its marker's files and folders), then ``root``
+    when nothing else is left; returns what is left (names the harness did not write)."""
+    owned = _marker_of(root)
+    if owned is None:
+        return [str(root)] if os.path.lexists(root) else []
+    # only names that are inside ``root`` now and of the kind the marker says: a marker that lists
+    # ``../x`` or a folder now a link to elsewhere removes nothing outside
+    listing = _listing(root)
+    files = {k for k in owned[0] if listing.get(k) == "file"}
+    dirs = {k for k in owned[1] if listing.get(k) == "dir"}
+    for rel in sorted(files):
+        with contextlib.suppress(OSError):
+            (root / rel).unlink()
+    with contextlib.suppress(OSError):
+        (root / MARKER).unlink()
+    for rel in sorted(dirs, key=lambda d: -d.count(os.sep)):  # deepest first
+        with contextlib.suppress(OSError):
+            (root / rel).rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
+    return sorted(_listing(root)) if os.path.lexists(root) else []
+
+
 def clean_dead_leftovers(path: Path) -> None:
     """Remove the temp files and directories a killed run left beside ``path`` (their pid is
-    gone): ``.NAME.<pid>.*.tmp``, ``NAME.tmp-<pid>``; ``NAME.old-<pid>`` (a replaced directory)
-    is removed when NAME exists, else renamed back to NAME (the run died between the renames)."""
+    gone): ``.NAME.<pid>.*.tmp``, ``NAME.tmp-<pid>`` (when it holds the harness's marker, written
+    first thing); ``NAME.old-<pid>`` (a replaced directory) loses what the harness wrote in it when
+    NAME exists, else is renamed back to NAME (the run died between the renames). A directory of
+    that name the harness did not make, and a file someone else put in an old one, stay."""
     parent, name = path.parent, path.name
     try:
         entries = os.listdir(parent)
@@ -99,23 +242,82 @@ def clean_dead_leftovers(path: Path) -> None:
                 leftover.unlink()
             elif d.group(1) == "old" and not os.path.lexists(path):
                 os.replace(leftover, path)
-            else:
+            elif d.group(1) == "old":
+                _remove_ours(leftover)
+            elif _marker_of(leftover) is not None:  # a temp directory the harness made (its marker from the start)
                 shutil.rmtree(leftover)
 
 
 @contextlib.contextmanager
 def _signals_held():
-    """SIGINT and SIGTERM wait until the block ends (two renames that must both happen)."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    """Terminating signals wait until the block ends (two renames that must both happen): held
+    for the main thread (``pthread_sigmask``) and, where ``harness.exitcodes`` handles them, for
+    every thread (its handler defers them)."""
+    from .exitcodes import signals_deferred, terminating_signals
+
+    held = set(terminating_signals())
+    with signals_deferred():
+        try:
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        except (AttributeError, ValueError, OSError):  # not POSIX
+            old = None
+        try:
+            yield
+        finally:
+            if old is not None:  # a signal held for this thread arrives now, and waits for the block's end
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def _dir_lock(path: Path):
+    """One writer of directory ``path`` at a time: an exclusive ``flock`` on ``.NAME.lock`` beside
+    it (removed by its holder, released by the kernel if the holder dies). A second writer is
+    ``InTheWay`` (exit 2) at once, naming the pid that holds the lock: nothing is replaced
+    silently and nobody waits for ever."""
+    import fcntl
+
+    from .exitcodes import printable
+
+    lock = path.parent / f".{path.name}.lock"
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0),
+                         0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InTheWay(f"{printable(lock)}: a symbolic link where the harness keeps its lock; "
+                               "move it away") from None
+            raise
+        st = os.fstat(fd)
+        content = os.pread(fd, 64, 0) if stat.S_ISREG(st.st_mode) and st.st_size <= 32 else None
+        if content is None or not re.fullmatch(rb"\d*", content.strip()):
+            os.close(fd)  # someone else's file, never truncated or removed
+            raise InTheWay(f"{printable(lock)}: in the way of the harness's lock (a lock file holds a pid "
+                           "and nothing else); move it away")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = content.decode().strip() or "?"
+            os.close(fd)
+            raise InTheWay(f"{printable(path)}: another process (pid {holder}) is writing it now; nothing "
+                           "was written (run one writer at a time)") from None
+        except OSError:  # a file system without flock (some network mounts): written unserialised
+            break
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino  # not a lock file its holder just removed
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
     try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, ValueError, OSError):  # not POSIX
-        yield
-        return
-    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
 
 
 def _missing_parents(parent: Path) -> list[Path]:
@@ -161,30 +363,49 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
 
 def atomic_write_dir(path: str | Path, fill: Callable[[Path], None], *, replace: bool = False) -> Path:
     """Call ``fill(tmp_dir)`` to produce a directory's files, then put it at ``path`` (or at the
-    directory ``path`` links to). An existing non-empty directory is replaced only with
-    ``replace`` (else ``FileExistsError``); the swap is two renames that SIGINT / SIGTERM
-    cannot split. Returns the path written.
+    directory ``path`` links to), with ``MARKER`` listing them. Returns the path written.
 
-    If the replaced directory cannot be removed afterwards (a file in it is immutable, say),
-    the new one is in place all the same: a warning on stderr names what is left."""
+    An existing non-empty directory is replaced only with ``replace`` and only when the harness
+    wrote all of it (``check_replaceable``: its marker lists everything in it), checked again
+    just before the swap (a file written into it meanwhile is never deleted: ``InTheWay``). One
+    writer at a time (``_dir_lock``). The swap is two renames no terminating signal splits; the
+    replaced directory then loses what the harness wrote, and anything else found in it stays,
+    named by a warning on stderr."""
     path = _resolve_target(Path(path), directory=True)
+    created = _missing_parents(path.parent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with _dir_lock(path):
+            _write_dir_locked(path, fill, replace, created)
+    except BaseException:
+        _remove_created(created)
+        raise
+    return path
+
+
+def _write_dir_locked(path: Path, fill, replace: bool, created: list[Path]) -> None:
+    from .exitcodes import printable
+
     clean_dead_leftovers(path)  # first: it may put back a directory a killed run had moved aside
-    if path.is_dir() and any(path.iterdir()) and not replace:
-        raise FileExistsError(f"{path}: directory is not empty (use --force to replace it)")
+    check_replaceable(path, replace)
     tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
     if os.path.lexists(tmp):
+        if _marker_of(tmp) is None:
+            raise InTheWay(f"{printable(tmp)}: in the way of the harness's temp directory (it holds no "
+                           f"{MARKER}); move it away")
         shutil.rmtree(tmp)
-    created = _missing_parents(path.parent)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     try:
+        _write_marker(tmp)  # from the start: a killed run's temp directory is known as the harness's
         fill(tmp)
+        _write_marker(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_created(created)
         raise
     with _signals_held():  # from here on the new directory is installed, whatever arrives
         old = None
         try:
+            check_replaceable(path, replace)  # again: nothing was written into it during the fill
             if path.is_dir() and any(path.iterdir()):
                 old = path.parent / f"{path.name}.old-{os.getpid()}"
                 os.replace(path, old)
@@ -197,14 +418,12 @@ def atomic_write_dir(path: str | Path, fill: Callable[[Path], None], *, replace:
                 os.replace(tmp, path)  # an empty directory is replaced too
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-            _remove_created(created)
             raise
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-            if os.path.lexists(old):
-                print(f"warning: {path} written; the directory it replaced could not be removed "
-                      f"entirely: what is left of it is at {old}", file=sys.stderr)
-    return path
+            left = _remove_ours(old)
+            if left:
+                print(printable(f"warning: {path} written; the directory it replaced could not be removed "
+                                f"entirely: what is left of it is at {old} ({_shown(left)})"), file=sys.stderr)
 
 
 # errno values that say the target path is wrong (the user's input: exit 2);

@@ -124,8 +124,10 @@ def cmd_reference(args) -> int:
     except write_errors() as exc:
         raise write_failure(f"--out {out}", exc) from exc
     toks = result.tokens.tolist()
-    print(f"reference: {len(flat)} tensors, {args.steps} step(s) x {args.requests} request(s), "
-          f"{first.input_ids.numel()} step-0 tokens, dtype {args.dtype}, {dt:.2f}s, draft tokens {toks} -> {out}")
+    from .exitcodes import printable
+
+    print(printable(f"reference: {len(flat)} tensors, {args.steps} step(s) x {args.requests} request(s), "
+          f"{first.input_ids.numel()} step-0 tokens, dtype {args.dtype}, {dt:.2f}s, draft tokens {toks} -> {out}"))
     return EXIT_OK
 
 
@@ -140,10 +142,11 @@ def _check_synth_args(args) -> None:
     from . import input_checks as check
     from .presets import preset
 
+    from .atomic import check_replaceable
+
     check.replaceable_dir("OUT_DIR", args.out_dir)
-    out = Path(args.out_dir)
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise CLIError(f"{out}: directory is not empty (use --force to replace it)")
+    # what --force would remove: only a directory the harness wrote (its marker lists every file)
+    check_replaceable(args.out_dir, args.force, f"OUT_DIR {args.out_dir}")
     check.integer("--mtp-layers", args.mtp_layers, 1, MAX_MTP_LAYERS, "num_nextn_predict_layers")
     check.integer("--shards", args.shards, 1, MAX_SHARDS)
     check.seed("--seed", args.seed)
@@ -199,18 +202,36 @@ def cmd_compare(args) -> int:
 def cmd_main_job(args) -> int:
     """The README's main job: side by side on the built-in synthetic case where a
     GPU is present; else the reference checked against its goldens. Its arguments are those of
-    ``compare`` and are checked as such on any machine (bad input is exit 2 with or without a GPU)."""
+    ``compare`` and are checked as such on any machine (bad input is exit 2 with or without a GPU).
+
+    An explicit target (CKPT_DIR, a preset, a case id, ``--tp``, ``--steps``, ``--seed``) is what
+    the user asked about: on a host without the production path it is validated (2 on bad input)
+    and the verdict is 125, cannot judge; never the goldens' 0, which is about something else."""
     from .production import can_run
     from .commands.compare import validate_args
 
+    explicit = [what for what, given in (
+        (f"CKPT_DIR {args.ckpt}", args.ckpt is not None), (f"--tp {args.tp}", args.tp != 1),
+        (f"--steps {args.steps}", args.steps is not None), (f"--seed {args.seed}", args.seed is not None)) if given]
+    if args.ckpt is None:
+        args.ckpt = DEFAULT_MAIN_TARGET
     validate_args("compare_command", args)
     reason = can_run.cannot_run_production_reason()
     if reason is None:
         return cmd_compare(args)
+    if explicit:
+        from .exitcodes import printable
+
+        print(printable(f"cannot judge: {' '.join(explicit)}: the input is valid (checked on this host), but its "
+                        f"side by side needs the production path: {reason}"))
+        return EXIT_CANNOT_JUDGE
     print(f"no production path here ({reason}): checking the reference against its goldens")
     from .golden_check import check_reference_goldens
 
     return check_reference_goldens(verbose=True, report=args.report)
+
+
+DEFAULT_MAIN_TARGET = "preset:tiny"
 
 
 def cmd_report(args) -> int:
@@ -234,17 +255,19 @@ def cmd_report(args) -> int:
         b = read_report(args.b) if args.b else None
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
-    print(format_table(a))
+    from .exitcodes import printable  # names and ids come from the report file: never raw to a terminal
+
+    print(printable(format_table(a)))
     if args.plot:
         try:
-            print(f"plot: {plot(a, args.plot)}")
+            print(printable(f"plot: {plot(a, args.plot)}"))
         except write_errors() as exc:
             raise write_failure(f"--plot {args.plot}", exc) from exc
     if b is not None:
         moved = diff(a, b, args.factor)
-        print(f"\n{len(moved)} component(s) moved between {args.a} and {args.b}:")
+        print(printable(f"\n{len(moved)} component(s) moved between {args.a} and {args.b}:"))
         for line in moved:
-            print("  " + line)
+            print(printable("  " + line))
     return EXIT_OK
 
 
@@ -270,7 +293,7 @@ def cmd_mutants(args) -> int:
 def _add_side_by_side_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``compare`` and ``main`` (which runs compare on a GPU)."""
     p.add_argument("ckpt", metavar="CKPT_DIR", nargs="?", default="preset:tiny",
-                   help="a checkpoint directory, preset:NAME (seeded weights) or a GPU case id")
+                   help="a checkpoint directory, preset:NAME (seeded weights) or a GPU case id (none: preset:tiny)")
     p.add_argument("--steps", type=int, default=None,
                    help="draft steps K of a preset or checkpoint directory (default 2; refused with a case id)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism: runs on that many GPUs, also vs TP=1")
@@ -362,8 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_warmup_arguments(w)
     w.set_defaults(func=cmd_warmup)
 
-    m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens")
+    m = sub.add_parser("main", help="the main job: compare on a GPU, else reference goldens (an explicit "
+                       "target without a GPU: validated, then 125)")
     _add_side_by_side_arguments(m)
+    # None: nothing named (the built-in case); a target named on a host without a GPU is not
+    # answered by the goldens check (cmd_main_job)
+    m.set_defaults(ckpt=None)
     m.set_defaults(func=cmd_main_job)
     return p
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .atomic import atomic_write, atomic_write_json, write_errors
 
@@ -93,15 +93,34 @@ def _save(path: Path, trace: dict, metadata: dict | None = None) -> Path:
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
+# one golden file: a trace of the harness's cases is kilobytes to a few MiB
+MAX_GOLDEN_BYTES = 1 << 30
+
+
+def _golden_bytes(path: Path) -> bytes:
+    """The whole golden file, read once (hashed and parsed from memory: no memory map a truncation
+    could turn into a SIGBUS); a FIFO, device or oversized file is a GoldenError, never a wait."""
+    from .exitcodes import CLIError
+    from .input_checks import read_bytes
+
+    try:
+        return read_bytes(f"golden file {path}", path, MAX_GOLDEN_BYTES)
+    except (CLIError, OSError) as exc:
+        raise GoldenError(str(exc) if isinstance(exc, CLIError) else f"golden file {path}: {exc}") from exc
+
+
 def read_manifest(root: Path = ROOT) -> dict:
     """The manifest (``{"cases": {kind/case_id: entry}}``); GoldenError naming it when malformed."""
     path = root / MANIFEST
     if not path.exists():
         return {"cases": {}}
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise GoldenError(f"{path}: not a readable JSON manifest ({exc.__class__.__name__})") from exc
+    from .exitcodes import CLIError
+    from .input_checks import read_json
+
+    try:  # bounded, regular files only (a FIFO never blocks the check)
+        doc = read_json(str(path), path)
+    except (CLIError, OSError) as exc:
+        raise GoldenError(f"{path}: not a readable JSON manifest ({exc})") from exc
     cases = doc.get("cases") if isinstance(doc, dict) else None
     if not isinstance(cases, dict) or not all(isinstance(e, dict) for e in cases.values()):
         raise GoldenError(f"{path}: not a goldens manifest (needs \"cases\": an object of case entries)")
@@ -153,13 +172,16 @@ def load(kind: str, case_id: str, root: Path = ROOT) -> tuple[dict, dict]:
         if env and root == ROOT and not (root / MANIFEST).is_file():  # a mistyped root, not a missing golden
             raise GoldenError(f"$HYV4_GOLDENS_ROOT {env}: no {MANIFEST} there (not a goldens tree)")
         raise GoldenError(f"no golden {key} in {root / MANIFEST}: record it with --update-goldens (on purpose)")
-    if not path.exists():
+    if not os.path.lexists(path):
         raise GoldenError(f"golden file {path} is missing (listed in the manifest)")
-    digest = _sha256(path)
+    data = _golden_bytes(path)
+    digest = hashlib.sha256(data).hexdigest()
     if digest != entry.get("sha256"):
         raise GoldenError(f"golden file {path} is corrupt or edited: sha256 {digest} != manifest {entry.get('sha256')}")
     try:
-        tensors = load_file(str(path))
+        from safetensors.torch import load as load_bytes
+
+        tensors = load_bytes(data)
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types
         raise GoldenError(f"golden file {path} does not parse: {exc}") from exc
     return {k: (v.to(torch.float64) if v.dtype == torch.float8_e4m3fn else v) for k, v in tensors.items()}, entry

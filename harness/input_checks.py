@@ -9,6 +9,7 @@ or variable. Imports no torch (each check is a ``stat`` or a comparison).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
@@ -87,6 +88,7 @@ def output_file(flag: str, path) -> None:
     what = f"{flag} {path}"
     if not path.strip():
         raise CLIError(f"{flag} is empty; give a file path")
+    _not_a_directory_path(flag, path)
     _check_names(what, path, TEMP_NAME_OVERHEAD)
     st = _stat(what, path)
     if st is not None and not stat.S_ISREG(st.st_mode):
@@ -94,6 +96,13 @@ def output_file(flag: str, path) -> None:
                        "socket is never written through or replaced)" if not stat.S_ISDIR(st.st_mode)
                        else f"{what}: is a directory; give a file path")
     _check_parent(what, path)
+
+
+def _not_a_directory_path(flag: str, path: str) -> None:
+    """A file path that ends with a separator (``--out new.out/``) names a directory: the write
+    would make a file where the user asked for a folder."""
+    if path.endswith(os.sep) or path.endswith(os.sep + ".") or path.endswith(os.sep + ".."):
+        raise CLIError(f"{flag} {path}: ends with {os.sep}, a directory path; give a file path")
 
 
 def output_dir(flag: str, path) -> None:
@@ -152,6 +161,73 @@ def input_file(flag: str, path) -> None:
         raise CLIError(f"{flag} {path}: is {_kind(st.st_mode)}, not a regular file")
 
 
+def input_dir(flag: str, path) -> None:
+    """A directory the command reads: it can be looked up and is a directory."""
+    path = "" if path is None else os.fspath(path)
+    if not path.strip():
+        raise CLIError(f"{flag} is empty; give a directory")
+    _check_names(f"{flag} {path}", path, 0)
+    st = _stat(f"{flag} {path}", path)
+    if st is None:
+        raise CLIError(f"{flag} {path}: no such directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise CLIError(f"{flag} {path}: is {_kind(st.st_mode)}, not a directory")
+
+
+# what a JSON file the harness reads may weigh (reports, manifests, recordings' summaries):
+# megabytes at most; more is not one of ours (or /dev/zero)
+MAX_JSON_BYTES = 64 << 20
+
+
+def read_bytes(what: str, path, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes`` of them; ``CLIError`` naming
+    ``what`` otherwise. Opened without blocking (a FIFO would wait for a writer for ever) and
+    checked on the open descriptor: a FIFO, device (``/dev/zero``), socket or directory is
+    refused before a byte is read, a file larger than the bound is refused by its size, and one
+    that grows while it is read stops at the bound. ``FileNotFoundError`` passes through."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CLIError(f"{what}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CLIError(f"{what}: is {_kind(st.st_mode)}, not a regular file; refusing to read it")
+        if st.st_size > max_bytes:
+            raise CLIError(f"{what}: {st.st_size} bytes, more than the {max_bytes} a file of this kind may hold")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise CLIError(f"{what}: grew past {max_bytes} bytes while it was read")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise CLIError(f"{what}: cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def read_json(what: str, path, max_bytes: int = MAX_JSON_BYTES):
+    """``read_bytes`` parsed as JSON; ``CLIError`` naming ``what`` for text that is not UTF-8 or
+    not JSON, a number past Python's int-string limit, or nesting deeper than the parser follows."""
+    raw = read_bytes(what, path, max_bytes)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CLIError(f"{what}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise CLIError(f"{what}: nested deeper than a JSON parser follows") from None
+    except ValueError as exc:  # bad JSON, or an integer of more digits than Python converts
+        raise CLIError(f"{what}: not valid JSON ({(str(exc).splitlines() or [''])[0][:120]})") from None
+
+
 def integer(flag: str, value: int, low: int, high: int, why: str = "") -> None:
     """``low <= value <= high``, else ``CLIError`` stating the bound (and why it is there)."""
     if not low <= value <= high:
@@ -195,6 +271,17 @@ def _env_existing_dir(name: str, value: str) -> None:
                                               else f"is {_kind(st.st_mode)}, not a directory"))
 
 
+def _env_goldens_root(name: str, value: str) -> None:
+    """A goldens tree: a directory holding a ``manifest.json`` file (checked here, once, in one
+    line; its content is the goldens' own check)."""
+    _env_existing_dir(name, value)
+    manifest = os.path.join(value, "manifest.json")
+    st = _stat(f"${name} {value}", manifest)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        raise CLIError(f"${name} {value}: " + ("no manifest.json there (not a goldens tree)" if st is None
+                                              else f"its manifest.json is {_kind(st.st_mode)}, not a file"))
+
+
 def _env_choice(*choices: str, exact: bool = False):
     def check(name: str, value: str) -> None:
         if (value if exact else value.strip().lower()) not in choices:
@@ -222,7 +309,7 @@ def _env_workers(name: str, value: str) -> None:
     v = value.strip().lower()
     if v in ("", "auto", "0", "off", "no", "serial"):
         return
-    if not v.isdigit() or int(v) > 256:
+    if not v.isdigit() or len(v) > 4 or int(v) > 256:  # (a 5000-digit value is past Python's int limit)
         raise CLIError(f"${name}={value!r}: must be a number of workers within 0..256, auto or 0")
 
 
@@ -234,7 +321,7 @@ ENVIRONMENT = {
     "HYV4_PACKAGE_MAP_CACHE": _env_dir,  # empty turns the layer off: an empty value is not checked
     "HYV4_REPORT_DIR": _env_dir,
     "HYV4_TIMELINE": _env_dir,
-    "HYV4_GOLDENS_ROOT": _env_existing_dir,
+    "HYV4_GOLDENS_ROOT": _env_goldens_root,
     "HYV4_ENGINE_KV_CACHE_GIB": _env_gib,
     "HYV4_SPECULATOR_MUTANT": _env_speculator_mutant,
     "HYV4_REFERENCE_DEVICE": _env_choice("cpu", "cuda"),

@@ -60,11 +60,13 @@ def _short(v) -> str:
 
 def read_report(path: str | Path) -> dict:
     """The report at ``path``; ValueError naming the file (and the case/component/field) otherwise."""
+    from .input_checks import MAX_JSON_BYTES, read_bytes
+
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not a JSON report")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_bytes(str(path), path, MAX_JSON_BYTES).decode())
     except FileNotFoundError as exc:
         raise ValueError(f"{path}: no such report") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -92,10 +94,14 @@ def read_report(path: str | Path) -> dict:
                     raise ValueError(f"{path}: case {cid!r} component {c.get('name', j)!r}: field {field!r} "
                                      f"is {_short(v)}, expected {' or '.join(t.__name__ for t in types)}"
                                      + (" within a float's range" if float in types else ""))
+            for field in ("max_abs", "max_rel"):  # an error is a distance: never below 0 (NaN: a NaN output)
+                if c[field] < 0:
+                    raise ValueError(f"{path}: case {cid!r} component {c.get('name', j)!r}: field {field!r} "
+                                     f"is {_short(c[field])}, expected >= 0 (an error's size)")
             tol = c.get("tolerance")
             if tol is not None and not (isinstance(tol, dict) and all(
                     isinstance(tol.get(k, 0), (int, float)) and not isinstance(tol.get(k, 0), bool)
-                    and _fits_a_float(tol.get(k, 0)) for k in ("atol", "rtol"))):
+                    and _fits_a_float(tol.get(k, 0)) and not tol.get(k, 0) < 0 for k in ("atol", "rtol"))):
                 raise ValueError(f"{path}: case {cid!r} component {c['name']!r}: field 'tolerance' is {_short(tol)}")
     return doc
 

@@ -137,23 +137,55 @@ _ROPE_NUMBER_KEYS = ("factor", "rope_theta", "partial_rotary_factor", "beta_fast
 _ROPE_INT_KEYS = ("original_max_position_embeddings", "rope_dim")
 _TOP_NUMBER_KEYS = ("rope_theta", "partial_rotary_factor", "rotary_pct", "rotary_emb_fraction")
 
+# The domain of every RoPE number, derived from where ``reference.rope`` (as vLLM's RoPE classes)
+# uses it: (low, low allowed, high or None, why). Outside it the trace is NaN, infinite or silently
+# meaningless, never a model.
+_ROPE_DOMAIN: dict[str, tuple[float, bool, float | None, str]] = {
+    # theta ** (2i / r) is the frequency ladder and log(theta) divides in YaRN's correction range:
+    # <= 0 is NaN, 1 a division by zero / every pair rotating alike, below 1 a ladder upside down
+    "rope_theta": (1.0, False, None, "the base of theta**(-2i/r); YaRN divides by log(theta)"),
+    # 1 / (factor * theta**(2i/r)) and log(factor) in the magnitude
+    "factor": (0.0, False, None, "YaRN interpolates 1/(factor*theta**(2i/r)) and takes log(factor)"),
+    # log(original_max_position / (2 pi beta))
+    "original_max_position_embeddings": (1.0, True, None, "YaRN takes log(original_max_position / (2 pi beta))"),
+    "beta_fast": (0.0, False, None, "YaRN takes log(original_max_position / (2 pi beta_fast))"),
+    "beta_slow": (0.0, False, None, "YaRN takes log(original_max_position / (2 pi beta_slow))"),
+    # 0.1 * mscale * log(factor) + 1: a negative one can divide by zero (mscale_all_dim) or flip cos/sin
+    "mscale": (0.0, True, None, "the magnitude 0.1*mscale*log(factor)+1"),
+    "mscale_all_dim": (0.0, True, None, "the magnitude's divisor 0.1*mscale_all_dim*log(factor)+1"),
+    "attention_factor": (0.0, False, None, "the magnitude cos and sin are multiplied by"),
+    "rope_dim": (2.0, True, None, "the rotated width: RoPE pairs"),
+}
+
+
+def _domain(where: str, key: str, v) -> None:
+    low, inclusive, high, why = _ROPE_DOMAIN[key]
+    if v < low or (v == low and not inclusive) or (high is not None and v > high):
+        rng = f"{'>=' if inclusive else '>'} {low:g}" + (f" and <= {high:g}" if high is not None else "")
+        shown = str(v) if len(str(v)) <= 40 else str(v)[:37] + "..."
+        raise ConfigError(f"{where} {shown}: must be {rng} ({why})")
+
 
 def _check_rope_types(params: dict, hf: dict) -> None:
-    """``ConfigError`` naming the RoPE key whose value has the wrong JSON type (or is not finite)."""
+    """``ConfigError`` naming the RoPE key whose value has the wrong JSON type, is not finite, or
+    lies outside the domain its use gives it (``_ROPE_DOMAIN``)."""
     import math
 
     def number(where: str, v, integer: bool) -> None:
         ok = isinstance(v, int) if integer else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)) or (
                 isinstance(v, int) and abs(v) > 2 ** 53):
-            raise ConfigError(f"{where} {str(v)[:40]!r}: must be a finite {'int' if integer else 'number'}")
+            raise ConfigError(f"{where} {str(v)[:40]!r}: must be a finite {'int' if integer else 'number'}"
+                              + (" (true / false is not a number)" if isinstance(v, bool) else ""))
 
     for k in _ROPE_STR_KEYS:
         if params.get(k) is not None and not isinstance(params[k], str):
-            raise ConfigError(f"rope_parameters.{k} {params[k]!r}: must be a string")
+            raise ConfigError(f"rope_parameters.{k} {str(params[k])[:40]!r}: must be a string")
     for k in _ROPE_NUMBER_KEYS + _ROPE_INT_KEYS:
         if params.get(k) is not None:
             number(f"rope_parameters.{k}", params[k], k in _ROPE_INT_KEYS)
+            if k in _ROPE_DOMAIN:
+                _domain(f"rope_parameters.{k}", k, params[k])
     kind = params.get("rope_type", params.get("type"))
     deepseek = kind not in (None, "default", "yarn")
     read_with_a_default = ("beta_fast", "beta_slow") + (("mscale", "mscale_all_dim") if deepseek else ())
@@ -161,12 +193,16 @@ def _check_rope_types(params: dict, hf: dict) -> None:
         if k in params and params[k] is None:
             raise ConfigError(f"rope_parameters.{k} is null; give a number or leave the key out")
     if params.get("truncate") is not None and not isinstance(params["truncate"], bool):
-        raise ConfigError(f"rope_parameters.truncate {params['truncate']!r}: must be true or false")
+        raise ConfigError(f"rope_parameters.truncate {str(params['truncate'])[:40]!r}: must be true or false")
     for k in _TOP_NUMBER_KEYS:
         if hf.get(k) is not None:
             number(f"config key {k!r}", hf[k], False)
-    if hf.get("original_max_position_embeddings") is not None:
-        number("config key 'original_max_position_embeddings'", hf["original_max_position_embeddings"], True)
+            if k in _ROPE_DOMAIN:
+                _domain(f"config key {k!r}", k, hf[k])
+    for k in ("original_max_position_embeddings",):
+        if hf.get(k) is not None:
+            number(f"config key {k!r}", hf[k], True)
+            _domain(f"config key {k!r}", k, hf[k])
 
 
 @dataclasses.dataclass(frozen=True)

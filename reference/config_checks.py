@@ -136,9 +136,44 @@ def validate_hf_config(hf) -> None:
     for key in ("quantization_config", "rope_parameters", "rope_scaling"):
         if hf.get(key) is not None and not isinstance(hf[key], dict):
             raise bad(key, f"{_is_a(hf[key])}; must be a JSON object or null")
+    if isinstance(hf.get("quantization_config"), dict):
+        _check_quantization_config(hf["quantization_config"])
     if "mtp_quant_algo" in hf and hf["mtp_quant_algo"] is not None and not isinstance(hf["mtp_quant_algo"], str):
         raise bad("mtp_quant_algo", "must be a string or null")
-    if "rope_theta" in hf:  # not a HYV4Config field (read from kwargs): any positive finite number
+    if "rope_theta" in hf:  # not a HYV4Config field (read from kwargs): a finite number > 1
         v = hf["rope_theta"]
-        if not ((_is_int(v) and 0 < v < 2 ** 1000) or (isinstance(v, float) and math.isfinite(v) and v > 0)):
-            raise bad("rope_theta", "must be a finite number > 0")
+        if not ((_is_int(v) and 1 < v < 2 ** 1000) or (isinstance(v, float) and math.isfinite(v) and v > 1)):
+            raise bad("rope_theta", "must be a finite number > 1 (the base of RoPE's theta**(-2i/r) ladder; "
+                      "YaRN divides by log(theta))")
+
+
+# quantization_config's keys as vLLM's Fp8Config / ModelOptFp8Config read them: module lists are
+# matched as strings (a number in one is an AttributeError deep in vLLM), the block size divides
+# every quantized dim, the names are compared as strings
+QUANT_STR_LIST_KEYS = ("modules_to_not_convert", "ignored_layers", "exclude_modules", "ignore")
+QUANT_STR_KEYS = ("quant_method", "quant_algo", "scale_fmt", "activation_scheme", "kv_cache_quant_algo")
+
+
+def _check_quantization_config(qc: dict) -> None:
+    def shown(v) -> str:
+        r = repr(v)
+        return r if len(r) <= 60 else r[:57] + "..."
+
+    for key in QUANT_STR_LIST_KEYS:
+        v = qc.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list):
+            raise ConfigError(f"quantization_config.{key} {shown(v)}: must be a list of strings (module names)")
+        bad = [x for x in v if not isinstance(x, str)]
+        if bad:
+            raise ConfigError(f"quantization_config.{key}: entry {shown(bad[0])} {_is_a(bad[0])}; every entry "
+                              "must be a string (a module name or pattern)")
+    for key in QUANT_STR_KEYS:
+        if qc.get(key) is not None and not isinstance(qc[key], str):
+            raise ConfigError(f"quantization_config.{key} {shown(qc[key])}: must be a string or null")
+    block = qc.get("weight_block_size")
+    if block is not None and not (isinstance(block, list) and len(block) == 2
+                                  and all(_is_int(b) and 1 <= b <= INT_MAX for b in block)):
+        raise ConfigError(f"quantization_config.weight_block_size {shown(block)}: must be two ints within "
+                          f"1..{INT_MAX} (the FP8 block's rows and columns)")

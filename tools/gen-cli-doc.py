@@ -81,7 +81,8 @@ def render() -> str:
         "     do not edit by hand (tests/cpu/test_cli_doc.py checks it). -->",
         "",
         "Exit codes, the same for every command: 0 good, 1 numeric mismatch or vLLM failed to load the",
-        "checkpoint, 2 bad input, 125 cannot judge, 130 / 143 interrupted (`harness/exitcodes.py`).",
+        "checkpoint, 2 bad input, 125 cannot judge, 128 + n interrupted by signal n (130 SIGINT, 143 SIGTERM), "
+        "141 stdout closed by its reader (`harness/exitcodes.py`).",
         "",
         "## `python -m harness`",
         "",

@@ -3,8 +3,10 @@
 ``load_checkpoint(dir)`` reads ``config.json`` and ``model.safetensors.index.json``
 (or a single ``model.safetensors``), opens only the shards that hold MTP
 tensors, the embedding and the LM head, and reads those tensors one by one
-(``safe_open`` + ``get_tensor``): backbone tensors are never read. The header
-of every shard the index lists is parsed (a few KB each): a tensor held by two
+(``os.pread`` of the span the checked header gives: no memory map, so a shard truncated
+while it is read is a short read named, not a SIGBUS): backbone tensors are never read. The
+header of every shard the index lists is parsed (a few KB each) and checked entry by entry
+(dtype, shape, ``data_offsets`` that overlap, leave holes or lie; a tensor listed twice): a tensor held by two
 shards, an MTP tensor a shard holds but the index does not list (vLLM reads
 every tensor of every listed shard, so it would load those too) and a shard
 shorter than its header says are refused before anything is read. Both namings
@@ -46,6 +48,12 @@ SHARED = {"model.embed_tokens.weight": "embed_tokens", "lm_head.weight": "lm_hea
 _SPLIT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv|scale)$")
 _FUSED = re.compile(r"^mlp\.experts\.(gate_up_proj|down_proj)(|_scale_inv|\.weight_scale_inv|\.scale)$")
 _EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
+# safetensors dtype -> torch dtype (what the reader views a tensor's bytes as)
+_TORCH_DTYPE = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F8_E4M3": torch.float8_e4m3fn,
+                "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu, "I16": torch.int16,
+                "U16": torch.uint16, "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
+                "U32": torch.uint32, "F32": torch.float32, "I64": torch.int64, "U64": torch.uint64,
+                "F64": torch.float64}
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -92,49 +100,79 @@ class LoadedCheckpoint:
         return out
 
 
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` cannot be a shard ("does not exist", "is a FIFO", ...), None for a regular file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "which is a symbolic link that points nowhere" if os.path.islink(path) else "which does not exist"
+    except OSError as exc:
+        return f"which cannot be looked up: {exc.strerror or exc}"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a device node" if stat.S_ISCHR(st.st_mode)
+            or stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+            else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    return f"which is {kind}, not a regular safetensors file"
+
+
 class _Reader:
-    """Opens shards lazily and reads single tensors, wrapping every failure."""
+    """Reads single tensors of the shards with ``os.pread`` from the spans their (checked) header
+    gives, wrapping every failure. No memory map: a shard truncated or rewritten while it is read
+    is a short read (``CheckpointError`` naming the tensor), never a SIGBUS that kills the process."""
 
     def __init__(self, root: Path, where: dict[str, str], index_file: Path | None):
         self.root, self.where, self.index_file = root, where, index_file
-        self.handles: dict[str, object] = {}
+        self.handles: dict[str, _ShardHeader] = {}
 
     def _handle(self, name: str):
-        from safetensors import safe_open
-
         fname = self.where[name]
         path = self.root / fname
         if fname not in self.handles:
-            if not path.is_file():
-                raise CheckpointError(self.index_file or path, name,
-                                      f"the index maps it to {fname}, which does not exist")
-            _shard_header(path)  # a header that lies about a tensor names that tensor, not the one asked for
-            try:
-                self.handles[fname] = safe_open(str(path), framework="pt")
-            except Exception as exc:  # noqa: BLE001 - any parse failure is a corrupt file
-                raise CheckpointError(path, name, f"not a readable safetensors file (opened for this "
-                                      f"tensor; truncated or corrupt header): {exc}") from exc
+            why = _not_a_file(path)
+            if why is not None:
+                raise CheckpointError(self.index_file or path, name, f"the index maps it to {fname}, {why}")
+            self.handles[fname] = _read_header(path)  # a header that lies about a tensor names that tensor
         h = self.handles[fname]
-        if name not in h.keys():
+        if name not in h.entries:
             raise CheckpointError(path, name, "the index maps this tensor here but the file's header "
                                   "does not hold it")
         return h, path
 
     def meta(self, name: str) -> tuple[Path, tuple[int, ...], str]:
         h, path = self._handle(name)
-        try:
-            sl = h.get_slice(name)
-            return path, tuple(sl.get_shape()), sl.get_dtype()
-        except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(path, name, f"unreadable tensor header: {exc}") from exc
+        dtype, shape, _, _ = h.entries[name]
+        return path, tuple(shape), dtype
 
     def read(self, name: str) -> tuple[Path, torch.Tensor]:
         h, path = self._handle(name)
+        dtype, shape, start, end = h.entries[name]
+        n = end - start
+        buf = bytearray(n)
         try:
-            return path, h.get_tensor(name)
-        except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(path, name, f"could not read the tensor data "
-                                  f"(truncated or corrupt file?): {exc}") from exc
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise CheckpointError(path, name, "the file was replaced by one that is not a regular file "
+                                          "while the checkpoint was read")
+                got, view = 0, memoryview(buf)
+                while got < n:
+                    k = os.preadv(fd, [view[got:]], h.data_start + start + got)
+                    if k == 0:
+                        break
+                    got += k
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise CheckpointError(path, name, f"could not read the tensor data: {exc.strerror or exc}") from exc
+        if got != n:
+            raise CheckpointError(path, name, f"the file changed while it was read: the tensor's {n} bytes at "
+                                  f"offset {h.data_start + start} of the file, only {got} there now (truncated?)")
+        tdt = _TORCH_DTYPE.get(dtype)
+        if tdt is None:
+            raise CheckpointError(path, name, f"dtype {dtype} is not one torch reads")
+        t = torch.frombuffer(buf, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+        return path, t.view(tdt).reshape(shape)
 
     def path(self, name: str) -> Path:
         return self.root / self.where[name]
@@ -177,7 +215,7 @@ def _locate(root: Path, num_hidden_layers: int | None = None) -> tuple[dict[str,
     With ``num_hidden_layers`` the shard headers are checked against the index
     (``_check_shard_headers``)."""
     idx = root / INDEX
-    if idx.is_file():
+    if os.path.lexists(idx):  # a FIFO or directory there is refused by _load_json, never passed over
         data = _load_json(idx, "the index")
         wm = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
@@ -189,47 +227,110 @@ def _locate(root: Path, num_hidden_layers: int | None = None) -> tuple[dict[str,
             _check_shard_headers(root, wm, idx, num_hidden_layers)
         return dict(wm), idx
     single = root / SINGLE
-    if single.is_file():
-        from safetensors import safe_open
-
-        _shard_header(single)  # names the tensor whose header entry lies
-        try:
-            with safe_open(str(single), framework="pt") as f:
-                keys = list(f.keys())
-        except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(single, None, f"not a readable safetensors file "
-                                  f"(truncated or corrupt header): {exc}") from exc
+    if os.path.lexists(single):
+        keys = list(_read_header(single).entries)  # names the tensor whose header entry lies
         return {k: SINGLE for k in keys}, None
     raise CheckpointError(root, None, f"no {INDEX} and no {SINGLE}")
 
 
+@dataclasses.dataclass
+class _ShardHeader:
+    data_start: int  # file offset of the data section (8 + header length)
+    entries: dict    # name -> (safetensors dtype, shape, start, end): byte span in the data section
+
+
+# safetensors refuses headers above 100 MB (its MAX_HEADER_SIZE); so does the harness, before reading
+MAX_HEADER_BYTES = 100_000_000
+
+
 def _shard_header(path: Path) -> dict:
-    """The JSON header of the safetensors file at ``path``, after checking the file holds
-    all the data the header describes (a truncated shard fails here, naming a tensor)."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 2 or 8 + n > size:
-            raise CheckpointError(path, None, "not a readable safetensors file (truncated or corrupt header: "
-                                  f"header length {n}, file size {size})")
-        try:
-            hdr = json.loads(fh.read(n))
-            spans = {k: (int(v["data_offsets"][0]), int(v["data_offsets"][1]))
-                     for k, v in hdr.items() if k != "__metadata__"}
-            entries = {k: v for k, v in hdr.items() if k != "__metadata__"}
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
-            raise CheckpointError(path, None, "not a readable safetensors file (corrupt header: "
-                                  f"{exc.__class__.__name__}: {str(exc)[:200]})") from exc
-    for name, (start, end) in sorted(spans.items()):
-        _check_span(path, name, entries[name], start, end)
+    """{tensor name: (start, end)} of the safetensors file at ``path`` (``_read_header``)."""
+    return {k: (v[2], v[3]) for k, v in _read_header(path).entries.items()}
+
+
+def _read_header(path: Path) -> _ShardHeader:
+    """The JSON header of the safetensors file at ``path``, checked entry by entry before any data
+    is read: each tensor's dtype, shape and ``data_offsets`` (two ints, in order, spanning exactly
+    dtype x shape), no tensor listed twice, no two spans overlapping, no hole between them, all
+    inside the file (a truncated shard names its tensor). Every error names the tensor and the offset."""
+    why = _not_a_file(path)
+    if why is not None:
+        raise CheckpointError(path, None, why.removeprefix("which "))
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or 8 + n > size or n > MAX_HEADER_BYTES:
+                raise CheckpointError(path, None, "not a readable safetensors file (truncated or corrupt header: "
+                                      f"header length {n}, file size {size}"
+                                      + (f", more than safetensors' {MAX_HEADER_BYTES}" if n > MAX_HEADER_BYTES else "")
+                                      + ")")
+            raw = fh.read(n)
+    except OSError as exc:
+        raise CheckpointError(path, None, f"cannot read the file: {exc.strerror or exc}") from exc
+
+    def no_dupes(pairs):
+        seen = {}
+        for k, v in pairs:
+            if k in seen:
+                raise CheckpointError(path, k, "listed twice in the file's safetensors header (which one "
+                                      "a reader keeps is up to it)")
+            seen[k] = v
+        return seen
+
+    try:
+        hdr = json.loads(raw, object_pairs_hook=no_dupes)
+    except CheckpointError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(path, None, "not a readable safetensors file (corrupt header: "
+                              f"{exc.__class__.__name__}: {str(exc)[:200]})") from exc
+    if not isinstance(hdr, dict):
+        raise CheckpointError(path, None, "not a readable safetensors file (corrupt header: a JSON "
+                              f"{type(hdr).__name__}, not an object)")
+    meta = hdr.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise CheckpointError(path, "__metadata__", "corrupt header entry: must map names to strings")
+    entries = {}
+    for name, entry in hdr.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise CheckpointError(path, name, f"corrupt header entry: a JSON {type(entry).__name__}, not an object")
+        offs = entry.get("data_offsets")
+        if not (isinstance(offs, list) and len(offs) == 2):
+            raise CheckpointError(path, name, f"corrupt header entry: data_offsets {str(offs)[:60]} must be "
+                                  "[start, end], two byte offsets")
+        for which, o in zip(("start", "end"), offs):
+            if not (isinstance(o, int) and not isinstance(o, bool)) or o < 0:
+                raise CheckpointError(path, name, f"corrupt header entry: data_offsets {which} {json.dumps(o)[:40]} "
+                                      "must be a non-negative int (a byte offset into the data section)")
+        start, end = offs
+        _check_span(path, name, entry, start, end)
+        entries[name] = (entry["dtype"], tuple(entry["shape"]), start, end)
     data = size - 8 - n
-    for name, (_, end) in sorted(spans.items(), key=lambda kv: -kv[1][1]):
+    spans = sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3]))
+    prev_name, prev_end = None, 0
+    for name, (_, _, start, end) in spans:
+        if start < prev_end:
+            raise CheckpointError(path, name, f"corrupt header entry: data_offsets [{start}, {end}] overlap "
+                                  f"{prev_name}'s, which ends at byte {prev_end} of the data section")
+        if start > prev_end:
+            raise CheckpointError(path, name, f"corrupt header entry: data_offsets start {start}, but "
+                                  + (f"{prev_name} ends at byte {prev_end}" if prev_name else "the data section "
+                                     "starts at byte 0") + ": a hole of unlisted bytes (safetensors refuses it)")
+        prev_name, prev_end = name, end
+    for name, (_, _, start, end) in reversed(spans):
         if end > data:
             raise CheckpointError(path, name, f"truncated or corrupt file: the tensor's data ends at byte {end} "
                                   f"of the data section, which holds {data} bytes")
+        if end < data:
+            raise CheckpointError(path, name, f"corrupt file: the last tensor's data ends at byte {end} of the "
+                                  f"data section, which holds {data} bytes ({data - end} unlisted bytes after it; "
+                                  "safetensors refuses the file)")
         break
-    return spans
+    return _ShardHeader(8 + n, entries)
 
 
 # bytes per element of each safetensors dtype
@@ -262,7 +363,7 @@ def _check_shard_headers(root: Path, weight_map: dict[str, str], index_file: Pat
     holders: dict[str, list[str]] = {}
     for fname in sorted(set(weight_map.values())):
         path = root / fname
-        if not path.is_file():
+        if not os.path.exists(path):  # missing (or a link to nowhere): reported if an MTP tensor is read there
             continue
         for name in _shard_header(path):
             holders.setdefault(name, []).append(fname)

@@ -261,7 +261,7 @@ def mtp_fp8_plan(hf: dict, cfg: MTPConfig) -> Fp8Plan | None:
         raise ValueError("FP8 without weight_block_size (per-tensor FP8) is not modelled; "
                          "HY V4 checkpoints use 128x128 blocks")
     if (not isinstance(block, (list, tuple)) or len(block) != 2
-            or not all(isinstance(b, int) and b > 0 for b in block)):
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
         raise ValueError(f"weight_block_size must be two positive ints, got {block!r}")
     key = "ignored_layers" if qc.get("ignored_layers") else "modules_to_not_convert"
     patterns = remap_mtp_exclusions(list(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []),

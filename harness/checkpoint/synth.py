@@ -301,10 +301,13 @@ def synth_command(args) -> int:
     except NotRegularFile as exc:
         raise write_failure(args.out_dir, exc) from exc
     except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from harness.exitcodes import one_line, printable
+        print(printable(f"error: {one_line(exc)}"), file=sys.stderr)
         return 2
     except write_errors() as exc:  # disk full, I/O error: nothing was left behind (write_tensors)
         raise write_failure(args.out_dir, exc) from exc
-    print(f"wrote {out} (preset {args.preset}, seed {args.seed}, naming {args.naming}, "
-          f"experts {args.experts}, quant {args.quant}, {args.shards} shard(s))")
+    from harness.exitcodes import printable
+
+    print(printable(f"wrote {out} (preset {args.preset}, seed {args.seed}, naming {args.naming}, "
+                    f"experts {args.experts}, quant {args.quant}, {args.shards} shard(s))"))
     return 0

@@ -124,12 +124,14 @@ def memoize_packages_distributions(directory: str) -> None:
 
     def packages_distributions():
         path = os.path.join(directory, f"packages_distributions-{_distributions_key()}.json")
-        try:
-            with open(path) as f:
-                doc = json.load(f)
+        from ..exitcodes import CLIError
+        from ..input_checks import read_json
+
+        try:  # bounded, regular files only: a FIFO never blocks the run
+            doc = read_json(path, path)
             if isinstance(doc, dict) and all(isinstance(v, list) for v in doc.values()):
                 return doc
-        except (OSError, ValueError, RecursionError):
+        except (OSError, ValueError, RecursionError, CLIError):
             pass
         answer = compute()
         try:

@@ -80,11 +80,12 @@ def summarize(directory: str) -> dict:
     last finish, and the test it ran last. ``critical`` is the process whose last test finished
     last."""
     from ..exitcodes import CLIError
+    from ..input_checks import read_bytes
 
     events = []
     for p in sorted(pathlib.Path(directory).glob("*.jsonl")):
-        try:
-            text = p.read_text(encoding="utf-8")
+        try:  # bounded, regular files only: a FIFO would block for ever, /dev/zero fill the memory
+            text = read_bytes(str(p), p, MAX_TIMELINE_BYTES).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"not UTF-8 text ({exc.reason})" \
                 if isinstance(exc, UnicodeDecodeError) else str(exc)
@@ -123,6 +124,9 @@ def summarize(directory: str) -> dict:
             p["idle_s"] = round(p["last_finish_s"] - p["first_test_s"] - p["busy_s"], 1)
     ran = {w: p for w, p in procs.items() if "last_finish_s" in p}
     return {"processes": procs, "critical": max(ran, key=lambda w: ran[w]["last_finish_s"]) if ran else None}
+
+
+MAX_TIMELINE_BYTES = 256 << 20  # one process's timeline: a line per test start and finish
 
 
 def format_summary(summary: dict) -> list[str]:

@@ -106,14 +106,16 @@ def check_arguments(args) -> None:
 
     for cid in args.case or ():
         if cid not in GPU_CASES:
-            raise CLIError(f"--case {cid}: unknown; known: {', '.join(GPU_CASES)}")
+            from ..exitcodes import listed
+            raise CLIError(f"--case {listed([cid])}: unknown; known: {listed(GPU_CASES, 40)}")
     if getattr(args, "engine_only", False) and (args.case or args.no_engine):
         raise CLIError(f"--engine-only and {'--case' if args.case else '--no-engine'}: choose one")
     if getattr(args, "lanes", 1) < 1:
         raise CLIError(f"--lanes {args.lanes}: give 1 or more")
     for eid in engines_of(args):
         if eid not in ENGINE_CASES:
-            raise CLIError(f"--engine {eid}: unknown; known: {', '.join(ENGINE_CASES)}")
+            from ..exitcodes import listed
+            raise CLIError(f"--engine {listed([eid])}: unknown; known: {listed(ENGINE_CASES, 40)}")
     for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
         if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
             raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
@@ -156,11 +158,13 @@ def fingerprint(case) -> str:
 
 def read_stamp(root: str) -> dict:
     """The root's stamp ({"versions": ..., "steps": {name: fingerprint}}); empty when absent or unreadable."""
-    try:
-        with open(os.path.join(root, STAMP)) as f:
-            stamp = json.load(f)
+    from ..exitcodes import CLIError
+    from ..input_checks import read_json
+
+    try:  # bounded, regular files only: a FIFO never blocks the run
+        stamp = read_json(os.path.join(root, STAMP), os.path.join(root, STAMP))
         return stamp if isinstance(stamp, dict) and isinstance(stamp.get("steps"), dict) else {}
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError, CLIError):
         return {}
 
 

@@ -49,11 +49,13 @@ def spread(costs: list[float], n_workers: int) -> list[int]:
 
 def load_durations(path: str) -> dict[str, float]:
     """{test node id: seconds} from ``path``; empty when absent or unreadable (then nothing moves)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
+    from ..exitcodes import CLIError
+    from ..input_checks import read_json
+
+    try:  # bounded, regular files only: a FIFO never blocks the run
+        data = read_json(path, path)
         return {str(k): float(v) for k, v in data.get("seconds", {}).items()}
-    except (OSError, ValueError, AttributeError, TypeError, OverflowError, RecursionError):
+    except (OSError, ValueError, AttributeError, TypeError, OverflowError, RecursionError, CLIError):
         return {}
 
 

@@ -161,14 +161,17 @@ def validate_args(command: str, args) -> None:
         from harness.production.engine.cases import ENGINE_CASES
         from harness.production.cases import GPU_CASES
 
+        from harness.exitcodes import listed
+
         unknown = [c for c in (args.case or []) if c not in GPU_CASES and c not in ENGINE_CASES]
         if unknown:
-            raise CLIError(f"unknown case(s) {unknown}; known: {', '.join([*GPU_CASES, *ENGINE_CASES])}")
+            raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: "
+                           f"{listed([*GPU_CASES, *ENGINE_CASES], 40)}")
         plant = getattr(args, "plant", None)
         if plant is not None:
             from harness.mutants import BY_NAME
             if plant not in BY_NAME:
-                raise CLIError(f"--plant {plant}: unknown mutant; known: {', '.join(BY_NAME)}")
+                raise CLIError(f"--plant {listed([plant])}: unknown mutant; known: {listed(BY_NAME, 40)}")
         _validate_baseline_args(args)
 
 
@@ -181,7 +184,10 @@ def _validate_baseline_args(args) -> None:
         raise CLIError("--record-baseline and --baseline: record at the good commit, judge with --baseline later")
     if getattr(args, "force", False) and not record:
         raise CLIError("--force applies to --record-baseline (it replaces an existing baseline)")
+    from harness import input_checks as check
+
     if record:
+        check.output_dir("--record-baseline", record)  # a name too long, /proc, a read-only parent: 2 here
         if getattr(args, "plant", None) is not None:
             raise CLIError("--plant and --record-baseline: a baseline records vLLM as it is, never a planted bug")
         if getattr(args, "allow_unjudged", False):
@@ -190,6 +196,7 @@ def _validate_baseline_args(args) -> None:
             raise CLIError("--record-baseline: no side-by-side case to record (engine cases have no baseline)")
         baseline.check_record_target(record, getattr(args, "force", False))
     if judge_dir:
+        check.input_dir("--baseline", judge_dir)
         baseline.read_stamp(judge_dir)
 
 

@@ -69,7 +69,8 @@ def _main(args) -> int:
     mutants = args.mutant or ([env_mutant] if env_mutant and not args.sweep else [])
     for m in mutants:
         if m not in MUTANTS:
-            raise CLIError(f"--mutant {m}: unknown speculator mutant; known: {', '.join(MUTANTS)}")
+            from harness.exitcodes import listed
+            raise CLIError(f"--mutant {listed([m])}: unknown speculator mutant; known: {listed(MUTANTS, 40)}")
     if args.sweep:
         if not args.case or len(args.case) != 1:
             raise CLIError("--sweep needs exactly one --case (its engine is built once)")

@@ -36,11 +36,13 @@ def select(only: list[str] | None) -> list[Mutant]:
         return list(CATALOGUE)
     golden = [n for n in only if n in BY_NAME and n not in {m.name for m in CATALOGUE}]
     if golden:
-        raise KeyError(f"{golden}: below the reference tolerance, judged against a golden or baseline only: "
+        from harness.exitcodes import listed
+        raise KeyError(f"{listed(golden, 5)}: below the reference tolerance, judged against a golden or baseline only: "
                        f"plant it with bisect-check --baseline DIR --plant NAME")
     unknown = [n for n in only if n not in BY_NAME]
     if unknown:
-        raise KeyError(f"unknown mutant(s) {unknown}; --list shows the catalogue")
+        from harness.exitcodes import listed
+        raise KeyError(f"unknown mutant(s) {listed(unknown, 5)}; --list shows the catalogue")
     return [BY_NAME[n] for n in only]
 
 

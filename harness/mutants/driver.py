@@ -225,7 +225,8 @@ def mutants_command(args) -> int:
             return EXIT_OK
         unknown = [n for n in (args.only or []) if n not in S.MUTANTS]
         if unknown:
-            raise CLIError(f"--only {unknown}: unknown speculator mutant(s); known: {', '.join(S.MUTANTS)}")
+            from harness.exitcodes import listed
+            raise CLIError(f"--only: unknown speculator mutant(s) {listed(unknown, 5)}; known: {listed(S.MUTANTS, 40)}")
         reason = can_run.cannot_run_engine_reason()
         if reason:
             print(f"cannot judge: {reason}")

@@ -452,18 +452,19 @@ def test_synth_force_when_the_old_checkpoint_cannot_be_removed(tmp_path, capsys,
 
     out = tmp_path / "ck"
     assert _run(capsys, "synth", out)[0] == 0
-    real_rmtree = atomic.shutil.rmtree
+    real_unlink = Path.unlink
 
-    def rmtree(path, ignore_errors=False, **kw):  # an immutable file in the replaced directory
-        if ".old-" in str(path):
-            return None
-        return real_rmtree(path, ignore_errors=ignore_errors, **kw)
+    def unlink(self, *a, **kw):  # an immutable file in the replaced directory
+        if ".old-" in str(self) and self.name == "config.json":
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return real_unlink(self, *a, **kw)
 
-    monkeypatch.setattr(atomic.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(atomic.Path, "unlink", unlink)
     code, lines, text = _run(capsys, "synth", out, "--force", "--seed", "3")
     assert code == 0, text
     warn = [ln for ln in lines if ln.startswith("warning:")]
     assert len(warn) == 1 and f"ck.old-{os.getpid()}" in warn[0] and "written" in warn[0], text
+    assert "config.json" in warn[0]
     assert (out / "config.json").is_file() and "Traceback" not in text
 
 
@@ -471,11 +472,11 @@ def test_a_directory_write_through_a_link_replaces_the_directory_it_points_at(tm
     from harness.atomic import atomic_write_dir
 
     real = tmp_path / "real"
-    real.mkdir()
-    (real / "old.safetensors").write_text("old")
+    atomic_write_dir(real, lambda d: (d / "old.safetensors").write_text("old"))
     os.symlink(real, tmp_path / "link")
     atomic_write_dir(tmp_path / "link", lambda d: (d / "config.json").write_text("{}"), replace=True)
-    assert (tmp_path / "link").is_symlink() and sorted(p.name for p in real.iterdir()) == ["config.json"]
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(p.name for p in real.iterdir()) == [".hyv4-harness-written.json", "config.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
     with pytest.raises(FileExistsError, match="not empty"):
         atomic_write_dir(tmp_path / "link", lambda d: None)
@@ -537,25 +538,26 @@ def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
 
 
 def test_leftovers_of_dead_runs_are_cleaned(tmp_path):
-    from harness.atomic import atomic_write_bytes, atomic_write_dir
+    from harness.atomic import _write_marker, atomic_write_bytes, atomic_write_dir
 
     dead = 2 ** 22 + 12345  # above the default pid_max: never a live process
     live = os.getppid()
     (tmp_path / f".t.json.{dead}.abcd1234.tmp").write_text("half")
     (tmp_path / f".t.json.{live}.abcd1234.tmp").write_text("a live run's")
     (tmp_path / f"ck.tmp-{dead}").mkdir()
-    (tmp_path / f"ck.old-{dead}").mkdir()
-    (tmp_path / f"ck.old-{dead}" / "config.json").write_text("{}")
-    (tmp_path / "ck").mkdir()  # the swap had finished: the old one is only debris
-    (tmp_path / "ck" / "config.json").write_text("{}")
+    _write_marker(tmp_path / f"ck.tmp-{dead}")  # the harness marks its temp directory first thing
+    # the swap had finished: the old one (written by the harness, its marker says) is only debris
+    atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text("{}"))
+    atomic_write_dir(tmp_path / "x", lambda d: (d / "config.json").write_text("{}"))
+    os.rename(tmp_path / "x", tmp_path / f"ck.old-{dead}")
     atomic_write_bytes(tmp_path / "t.json", b"{}")
     atomic_write_dir(tmp_path / "ck", lambda d: (d / "config.json").write_text('{"new": 1}'), replace=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".t.json.{live}.abcd1234.tmp", "ck", "t.json"])
     assert (tmp_path / "ck" / "config.json").read_text() == '{"new": 1}'
     # killed between the two renames of a swap: the old directory goes back, and is not replaced
     # without --force
-    (tmp_path / f"gone.old-{dead}").mkdir()
-    (tmp_path / f"gone.old-{dead}" / "config.json").write_text("{}")
+    atomic_write_dir(tmp_path / "gone", lambda d: (d / "config.json").write_text("{}"))
+    os.rename(tmp_path / "gone", tmp_path / f"gone.old-{dead}")
     with pytest.raises(FileExistsError, match="not empty"):
         atomic_write_dir(tmp_path / "gone", lambda d: None)
     assert (tmp_path / "gone" / "config.json").read_text() == "{}"

@@ -117,7 +117,7 @@ def test_fused_and_split_scale_suffixes(tmp_path, seed_weights):
 def test_single_file_without_index(tmp_path, seed_weights):
     hf, _, w = seed_weights
     d = write_synthetic(tmp_path / "c", hf, w, quant="fp8", index=False)
-    assert sorted(os.listdir(d)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(d)) == [".hyv4-harness-written.json", "config.json", "model.safetensors"]
     _assert_same(load_checkpoint(d).weights, _expected(w, "fp8"))
 
 
@@ -188,9 +188,10 @@ def test_cli_writes_atomically_and_refuses_to_overwrite(tmp_path, capsys):
     before = (out / "config.json").read_text()
     assert synth_command(p.parse_args(argv[:-2] + ["--shards", "1"])) == 2
     assert "not empty" in capsys.readouterr().err
-    assert (out / "config.json").read_text() == before and len(os.listdir(out)) == 4
+    # two shards, the index, config.json and the harness's marker
+    assert (out / "config.json").read_text() == before and len(os.listdir(out)) == 5
     assert synth_command(p.parse_args(argv[:-2] + ["--shards", "1", "--force"])) == 0
-    assert sorted(os.listdir(tmp_path)) == ["ck"] and len(os.listdir(out)) == 3
+    assert sorted(os.listdir(tmp_path)) == ["ck"] and len(os.listdir(out)) == 4
     hf = synth_config("tiny", vocab_size=VOCAB)
     w = random_weights(MTPConfig.from_hf_dict(hf), SEED)
     _assert_same(load_checkpoint(out).weights, _expected(w, "fp8-ue8m0"))

@@ -114,8 +114,10 @@ ALLOWED = {
                                    "harness.production.can_run", "harness.presets", "harness.checkpoint",
                                    "harness.production.cases", "harness.production.verdict"),
     "harness.production.module.capture": ("harness.components",),
+    # harness.input_checks: the bounded reader of a recording (a FIFO or /dev/zero refused, no mmap)
     "harness.production.engine.replay": ("reference", "harness.compare", "harness.components", "harness.atomic",
-                                         "harness.production.verdict", "harness.production.engine.bookkeeping"),
+                                         "harness.input_checks", "harness.production.verdict",
+                                         "harness.production.engine.bookkeeping"),
     "harness.production.engine.bookkeeping": ("harness.production.engine.spec_counts",),
     "harness.production.engine.spec_counts": (),  # what vLLM counts, read duck-typed: no vLLM, no torch
 }

@@ -569,17 +569,23 @@ def save_recording(path_stem: str, calls: list[DraftCall], proposals: list[dict]
     return summary
 
 
+# what one engine recording's tensors may weigh (a few MiB for the harness's cases): more is not a recording
+MAX_RECORDING_BYTES = 4 << 30
+
+
 def load_recording(path_stem: str) -> tuple[list[DraftCall], list[dict], dict]:
     """Inverse of ``save_recording``: (calls, proposals, the JSON document)."""
-    import json
+    from safetensors.torch import load as load_bytes
 
-    from safetensors.torch import load_file
+    from harness.input_checks import read_bytes, read_json
 
-    with open(path_stem + ".json") as f:
-        doc = json.load(f)
-    if doc.get("format") != RECORDING_FORMAT:
-        raise ValueError(f"{path_stem}.json: recording format {doc.get('format')}, expected {RECORDING_FORMAT}")
-    tensors = load_file(path_stem + ".safetensors")
+    # read whole, bounded, regular files only: a FIFO never blocks, /dev/zero never fills the memory,
+    # and no memory map outlives a file truncated under it (a SIGBUS)
+    doc = read_json(f"{path_stem}.json", path_stem + ".json")
+    if not isinstance(doc, dict) or doc.get("format") != RECORDING_FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
+        raise ValueError(f"{path_stem}.json: recording format {str(found)[:40]}, expected {RECORDING_FORMAT}")
+    tensors = load_bytes(read_bytes(f"{path_stem}.safetensors", path_stem + ".safetensors", MAX_RECORDING_BYTES))
     calls = []
     for i, m in enumerate(doc["call_meta"]):
         pre = f"call{i:05d}."

@@ -31,10 +31,16 @@ MANIFEST = "manifest.json"  # harness.goldens.MANIFEST (that module imports torc
 
 def _stamp_of(path: Path) -> dict | None:
     """The baseline stamp of directory ``path``, or None when it is not a baseline directory."""
-    try:
-        doc = json.loads((path / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # nested too deep: not one
+    from harness.input_checks import read_json
+
+    try:  # bounded, regular files only (a FIFO would block, /dev/zero fill the memory)
+        doc = read_json(f"{path / MANIFEST}", path / MANIFEST)
+    except FileNotFoundError:
         return None
+    except CLIError as exc:
+        if os.path.isdir(path / MANIFEST) or not os.path.lexists(path / MANIFEST):
+            return None
+        raise CLIError(f"--baseline / --record-baseline {path}: {exc}") from None
     stamp = doc.get(STAMP) if isinstance(doc, dict) else None
     ok = (isinstance(stamp, dict) and isinstance(stamp.get("platform"), dict)
           and isinstance(stamp.get("cases"), list) and isinstance(doc.get("cases"), dict))
@@ -54,6 +60,9 @@ def check_record_target(path: str | Path, force: bool) -> None:
                        "silently (--force replaces it)")
     if p.is_symlink() or not p.is_dir() or (_stamp_of(p) is None and any(p.iterdir())):
         raise CLIError(f"--record-baseline {path}: exists and is not a baseline directory; refusing to replace it")
+    from harness.atomic import check_replaceable
+
+    check_replaceable(p, True, f"--record-baseline {path}")  # only what the harness wrote is replaced
 
 
 def read_stamp(path: str | Path) -> dict:

@@ -434,7 +434,8 @@ def _command(args) -> int:
     ids = args.case or list(GOLDEN_CASES)
     unknown = [c for c in ids if c not in GPU_CASES]
     if unknown:
-        raise CLIError(f"--case {unknown[0]}: unknown case; known: {', '.join(GPU_CASES)}")
+        from harness.exitcodes import listed
+        raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: {listed(GPU_CASES, 40)}")
     if args.action == "list":
         for line in list_goldens(root) or [f"no production goldens in {root}"]:
             print(line)

@@ -193,12 +193,19 @@ def _trace_tensors(cid: str, prod: dict) -> dict:
             if torch.is_tensor(v)}
 
 
+MAX_SAVED_TRACE_BYTES = 4 << 30  # one saved production trace file (tens of MiB for the harness's cases)
+
+
 def load_saved_traces(out_dir: str) -> dict[str, dict[str, torch.Tensor]]:
     """{case id: production trace} from the prod-traces-*.safetensors files of ``out_dir``."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_bytes
+
+    from harness.input_checks import read_bytes
+
     traces: dict[str, dict] = {}
     for path in sorted(glob.glob(os.path.join(out_dir, "prod-traces-*.safetensors"))):
-        for key, v in load_file(path).items():
+        # read whole, bounded, regular files only (a FIFO blocks, a truncated mmapped file is a SIGBUS)
+        for key, v in load_bytes(read_bytes(path, path, MAX_SAVED_TRACE_BYTES)).items():
             cid, k = key.split("/", 1)
             traces.setdefault(cid, {})[k] = v
     return traces
@@ -211,8 +218,12 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
     ``prod-traces-*.safetensors`` of ``in_dir``; writes ``rejudge.json`` into
     ``out_dir`` (default ``in_dir``). Returns (exit code, results).
     """
-    with open(os.path.join(in_dir, "side_by_side.json")) as f:
-        summary = json.load(f)
+    from harness.input_checks import read_json
+
+    summary = read_json(os.path.join(in_dir, "side_by_side.json"), os.path.join(in_dir, "side_by_side.json"))
+    if not isinstance(summary, dict):
+        from harness.exitcodes import CLIError
+        raise CLIError(f"{os.path.join(in_dir, 'side_by_side.json')}: not a saved side-by-side summary")
     traces = load_saved_traces(in_dir)
     results, worst = [], 0
     for entry in summary.get("cases", []):
