@@ -284,7 +284,8 @@ def run_step(cfg: dict) -> int:
         try:
             print(record_report(cfg["history"], STEP_KIND, str(report) if report.exists() else None, code,
                                 seconds=seconds, label=cfg.get("session"),
-                                context={"vllm_commit": sha, "first_line": first_line}), flush=True)
+                                context={"vllm_commit": sha, "first_line": first_line},
+                                identity={"commit": sha, "session": cfg.get("session")}), flush=True)
         except CLIError as exc:  # the history refused: the bisect goes on, said once per step
             print(f"warning: step not recorded: {exc}", flush=True)
     with open(work / "steps.jsonl", "a") as f:

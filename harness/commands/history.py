@@ -50,7 +50,8 @@ def _context() -> dict:
 
 
 def record_report(history: str, kind: str, report: str | None, code: int, *, started_at: str | None = None,
-                  seconds: float | None = None, context: dict | None = None, label: str | None = None) -> str:
+                  seconds: float | None = None, context: dict | None = None, label: str | None = None,
+                  identity: dict | None = None) -> str:
     """Append the run that wrote ``report`` (absent: a run with its exit code only) to ``history``;
     the line to print."""
     from harness.history import ingest, store
@@ -65,8 +66,22 @@ def record_report(history: str, kind: str, report: str | None, code: int, *, sta
     if doc is None:
         doc = {"no_report": True, "kind": kind, "started_at": started_at or ingest.now_utc(), "pid": os.getpid(),
                "exit": code}
-    run = ingest.run_from_doc(doc, kind=kind, exit_code=code, source=report, started_at=started_at,
-                              context=ctx, label=label, seconds=seconds)
+    return record_doc(history, kind, doc, code, source=report, started_at=started_at, seconds=seconds,
+                      context=ctx, label=label, identity=identity)
+
+
+def record_doc(history: str, kind: str, doc: dict, code: int, *, source: str | None = None,
+               started_at: str | None = None, seconds: float | None = None, context: dict | None = None,
+               label: str | None = None, identity: dict | None = None) -> str:
+    """Append the run of the report ``doc`` (in memory) to ``history``; the line to print."""
+    import json
+
+    from harness.history import ingest, store
+
+    ctx = context if context is not None else _context()
+    doc = json.loads(json.dumps(doc, default=str))  # as the report file holds it: the same run id
+    run = ingest.run_from_doc(doc, kind=kind, exit_code=code, source=source, started_at=started_at,
+                              context=ctx, label=label, seconds=seconds, identity=identity)
     added = store.append(history, run)
     return (f"history {history}: run {run.run_id[:12]} ({kind}, {run.verdict}, {len(run.components)} component "
             f"row(s), {len(run.acceptance)} acceptance row(s))" + ("" if added else " already there"))
@@ -338,3 +353,44 @@ def cmd_ingest(args) -> int:
         print(f"history {path}: run {run.run_id[:12]} from {run.source} ({run.kind}, {run.verdict}, "
               f"{len(run.components)} component row(s))" + ("" if added else ": already there"))
     return EXIT_OK
+
+
+def record_tier(history: str, directories, exit_status: int, *, started_at: str | None = None,
+                seconds: float | None = None) -> str | None:
+    """Append the GPU tier's run (what its tests wrote into ``directories``: side-by-side lines and
+    engine reports) to ``history``; None when its tests wrote nothing (no GPU test ran). The
+    platform is the engine reports', else this host's (torch and vLLM imported here, on a GPU host)."""
+    from harness.history import ingest, store
+
+    lines, engines, seen = [], [], set()
+    for d in directories:
+        if d and os.path.isdir(d) and os.path.realpath(d) not in seen:
+            seen.add(os.path.realpath(d))
+            lo, en = ingest.read_tier_dir(d)
+            lines += lo
+            engines += en
+    if not lines and not engines:
+        return None
+    versions = None
+    if not any(isinstance(e.get("versions"), dict) for e in engines):
+        try:
+            from harness.production.goldens.platform_key import platform, recorded_with
+            import vllm  # noqa: F401 - the version the tier judged
+            versions = {**platform(), "vllm": vllm.__version__}
+        except Exception:  # noqa: BLE001 - metadata: a run without it is still recorded
+            versions = None
+    ctx = _context()
+    if "vllm" in sys.modules:
+        try:
+            from harness.production.goldens.platform_key import recorded_with
+            ctx["vllm_commit"] = recorded_with().get("vllm_commit")
+        except Exception:  # noqa: BLE001
+            pass
+    # pytest's exit status: 0 passed, 1 some test failed; anything else (interrupted, internal or
+    # usage error, no tests) is no verdict
+    code = {0: EXIT_OK, 1: EXIT_MISMATCH}.get(exit_status, EXIT_CANNOT_JUDGE)
+    run = ingest.run_from_tier(lines, engines, exit_code=code, versions=versions, started_at=started_at,
+                               context=ctx, source=", ".join(sorted(seen)), seconds=seconds)
+    added = store.append(history, run)
+    return (f"history {history}: GPU tier run {run.run_id[:12]} ({run.verdict}, {len(run.components)} component "
+            f"row(s), {len(run.acceptance)} acceptance row(s))" + ("" if added else " already there"))

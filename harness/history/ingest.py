@@ -181,10 +181,12 @@ def report_kind(doc) -> str:
 
 def run_from_doc(doc, *, kind: str, exit_code: int | None = None, source: str | None = None,
                  started_at: str | None = None, context: dict | None = None, label: str | None = None,
-                 seconds: float | None = None) -> Run:
+                 seconds: float | None = None, identity: dict | None = None) -> Run:
     """One run from a report ``doc``. ``context`` overrides what the report says of the platform
     and versions (``vllm_commit`` of an autobisect step: the source commit, which an overlay's
-    installed ``_version.py`` does not know), adds ``harness_commit`` / ``host``."""
+    installed ``_version.py`` does not know), adds ``harness_commit`` / ``host``. ``identity``:
+    what makes the run another one although its report may be the same (an autobisect step's
+    commit and session), hashed with the report into the run's id."""
     context = dict(context or {})
     fmt = report_kind(doc)
     versions = (doc.get("meta") or {}).get("versions") if fmt == "report" else (
@@ -193,7 +195,8 @@ def run_from_doc(doc, *, kind: str, exit_code: int | None = None, source: str | 
     plat.update({k: v for k, v in context.items() if k in plat and v is not None})
     if exit_code is None and fmt == "engine":
         exit_code = doc.get("exit_code", 0 if doc.get("passed") else 1 if doc.get("problems") else None)
-    run = Run(run_id=context.get("run_id") or run_id(doc, kind), started_at=started_at or now_utc(), kind=kind,
+    rid = run_id({"doc": doc, "identity": identity} if identity else doc, kind)
+    run = Run(run_id=context.get("run_id") or rid, started_at=started_at or now_utc(), kind=kind,
               verdict=verdict_of(exit_code), exit_code=exit_code, source=source, label=label, seconds=seconds,
               harness_commit=context.get("harness_commit"), host=context.get("host") or socket.gethostname(),
               **plat)

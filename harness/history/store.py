@@ -280,6 +280,9 @@ def check_history(path) -> None:
     try:
         app, ver, tables = _identity(conn)
         _check_identity(path, app, ver, tables)
+        bad = [r[0] for r in conn.execute("PRAGMA quick_check(3)").fetchall()]
+        if bad != ["ok"]:
+            raise _refuse(path, f"damaged ({'; '.join(map(str, bad))[:200]})")
     except sqlite3.DatabaseError as exc:
         raise _refuse(path, f"damaged or not a database ({exc})") from None
     finally:
