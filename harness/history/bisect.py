@@ -132,18 +132,25 @@ def run_streamed(cmd: list[str], *, cwd=None, env=None, echo=None) -> tuple[int,
 def restore(src, state: dict) -> str | None:
     """Put the tree back as it was before the bisect: None, or the one line saying what to do."""
     git_dir = state["git_dir"]
-    if os.path.exists(os.path.join(git_dir, "BISECT_START")):
-        subprocess.run(["git", "-C", str(src), "bisect", "reset", state["orig"]], capture_output=True, text=True)
-    head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if head != state["orig_sha"] or os.path.exists(os.path.join(git_dir, "BISECT_START")):
-        subprocess.run(["git", "-C", str(src), "checkout", "-q", state["orig"]], capture_output=True, text=True)
+
+    def where() -> tuple[str, str]:
         head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
-    branch = subprocess.run(["git", "-C", str(src), "symbolic-ref", "-q", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    if head != state["orig_sha"] or (state["orig"] != state["orig_sha"] and branch != state["orig"]) or \
-            os.path.exists(os.path.join(git_dir, "BISECT_START")):
-        return (f"warning: {src} is not restored to {state['orig']} (HEAD {head[:12]}): run "
+        branch = subprocess.run(["git", "-C", str(src), "symbolic-ref", "-q", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        return head, branch
+
+    def home() -> bool:
+        head, branch = where()
+        on_branch = state["orig"] == state["orig_sha"] or branch == state["orig"]
+        return head == state["orig_sha"] and on_branch and not os.path.exists(os.path.join(git_dir, "BISECT_START"))
+
+    if os.path.exists(os.path.join(git_dir, "BISECT_START")):
+        subprocess.run(["git", "-C", str(src), "bisect", "reset", state["orig"]], capture_output=True, text=True)
+    if not home():
+        subprocess.run(["git", "-C", str(src), "checkout", "-q", state["orig"]], capture_output=True, text=True)
+    if not home():
+        return (f"warning: {src} is not restored to {state['orig']} (HEAD {where()[0][:12]}): run "
                 f"`git -C {src} bisect reset {state['orig']}`")
     return None
 
