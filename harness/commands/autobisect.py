@@ -249,7 +249,7 @@ def run_step(cfg: dict) -> int:
     if report.exists():
         report.unlink()
     t0 = time.perf_counter()
-    first_line = None
+    first_line, overlay_s = None, None
     env = dict(os.environ)
     env.pop("HYV4_HISTORY", None)  # the step records its judge's run itself (below)
     if cfg.get("judge"):
@@ -257,9 +257,11 @@ def run_step(cfg: dict) -> int:
         code = subprocess.call(["sh", "-c", cfg["judge"]], cwd=src, env=env)
     else:
         site = work / "site"
+        t_overlay = time.perf_counter()
         ov = subprocess.run(["bash", str(OVERLAY), src, cfg["release_site"], str(site)]
                             + ([cfg["release_tag"]] if cfg.get("release_tag") else []),
                             capture_output=True, text=True)
+        overlay_s = round(time.perf_counter() - t_overlay, 2)
         msg = (ov.stderr.strip() or ov.stdout.strip()).splitlines()
         first_line = msg[-1] if msg else None
         if first_line:
@@ -290,7 +292,7 @@ def run_step(cfg: dict) -> int:
             print(f"warning: step not recorded: {exc}", flush=True)
     with open(work / "steps.jsonl", "a") as f:
         f.write(json.dumps({"commit": sha, "subject": subject, "exit": code, "seconds": seconds,
-                            "report": str(report) if report.exists() else None}) + "\n")
+                            "overlay_s": overlay_s, "report": str(report) if report.exists() else None}) + "\n")
     answer = code if code in (EXIT_OK, EXIT_MISMATCH, EXIT_CANNOT_JUDGE) else EXIT_ABORT
     print(f"autobisect step {sha[:12]} ({subject[:70]}): exit {code}, {verdict_of(code)}"
           + (" -> abort" if answer == EXIT_ABORT else "") + f" ({seconds:.1f} s)", flush=True)
