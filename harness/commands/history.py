@@ -37,16 +37,9 @@ def add_history_argument(p) -> None:
 
 def _context() -> dict:
     """What the report does not say: the harness commit, the vLLM commit where vLLM is imported."""
-    from harness.history.ingest import harness_commit
+    from harness.history.ingest import harness_commit, installed_vllm_commit
 
-    ctx = {"harness_commit": harness_commit()}
-    if "vllm" in sys.modules:  # the command imported it: its commit costs nothing more
-        try:
-            from harness.production.goldens.platform_key import recorded_with
-            ctx["vllm_commit"] = recorded_with().get("vllm_commit")
-        except Exception:  # noqa: BLE001 - metadata: never costs a verdict
-            pass
-    return ctx
+    return {"harness_commit": harness_commit(), "vllm_commit": installed_vllm_commit()}
 
 
 def record_report(history: str, kind: str, report: str | None, code: int, *, started_at: str | None = None,
@@ -156,6 +149,9 @@ def add_arguments(p) -> None:
                    help="the run's kind (default: bisect-check for a harness report, engine, gpu-tier)")
     i.add_argument("--exit-code", type=int, default=None, help="the exit code of the run that wrote it")
     i.add_argument("--label", default=None, help="a label stored with the run (a nightly's id, ...)")
+    i.add_argument("--vllm-commit", default=None, metavar="SHA",
+                   help="the vLLM commit the run judged (a report says only the version)")
+    i.add_argument("--harness-commit", default=None, metavar="SHA", help="the harness commit that wrote the report")
 
 
 def _filters(args):
@@ -331,6 +327,8 @@ def cmd_ingest(args) -> int:
     if not path:
         raise CLIError(f"history ingest: give --history PATH (or set ${HISTORY_ENV})")
     store.check_history(path)
+    # only what the caller says: a report ingested elsewhere or later is not this checkout's run
+    ctx = {"vllm_commit": args.vllm_commit, "harness_commit": args.harness_commit}
     runs = []
     for rep in args.reports:  # every report read before anything is written: a bad one is exit 2, nothing added
         if os.path.isdir(rep):
@@ -338,7 +336,7 @@ def cmd_ingest(args) -> int:
             if not lines and not engines:
                 raise CLIError(f"{rep}: no gpu_side_by_side.jsonl and no engine_mtp_*.json here")
             runs.append(ingest.run_from_tier(lines, engines, exit_code=args.exit_code, versions=None,
-                                             started_at=ingest.file_time(rep), context=_context(), source=rep,
+                                             started_at=ingest.file_time(rep), context=ctx, source=rep,
                                              label=args.label))
             continue
         doc = ingest.read_json(rep)
@@ -347,7 +345,7 @@ def cmd_ingest(args) -> int:
             raise CLIError(f"{rep}: neither a harness report ('cases') nor an engine report ('case', 'counts')")
         kind = args.ingest_kind or ("bisect-check" if fmt == "report" else "engine")
         runs.append(ingest.run_from_doc(doc, kind=kind, exit_code=args.exit_code, source=rep,
-                                        started_at=ingest.file_time(rep), context=_context(), label=args.label))
+                                        started_at=ingest.file_time(rep), context=ctx, label=args.label))
     for run in runs:
         added = store.append(path, run)
         print(f"history {path}: run {run.run_id[:12]} from {run.source} ({run.kind}, {run.verdict}, "
@@ -374,18 +372,12 @@ def record_tier(history: str, directories, exit_status: int, *, started_at: str 
     versions = None
     if not any(isinstance(e.get("versions"), dict) for e in engines):
         try:
-            from harness.production.goldens.platform_key import platform, recorded_with
+            from harness.production.goldens.platform_key import platform
             import vllm  # noqa: F401 - the version the tier judged
             versions = {**platform(), "vllm": vllm.__version__}
         except Exception:  # noqa: BLE001 - metadata: a run without it is still recorded
             versions = None
     ctx = _context()
-    if "vllm" in sys.modules:
-        try:
-            from harness.production.goldens.platform_key import recorded_with
-            ctx["vllm_commit"] = recorded_with().get("vllm_commit")
-        except Exception:  # noqa: BLE001
-            pass
     # pytest's exit status: 0 passed, 1 some test failed; anything else (interrupted, internal or
     # usage error, no tests) is no verdict
     code = {0: EXIT_OK, 1: EXIT_MISMATCH}.get(exit_status, EXIT_CANNOT_JUDGE)

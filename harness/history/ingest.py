@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -49,6 +50,36 @@ def harness_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def normalize_commit(commit) -> str | None:
+    """A git commit as git reads it: setuptools-scm's ``g<sha>`` (vLLM's ``_version.commit_id``)
+    without its ``g``."""
+    if not isinstance(commit, str) or not commit.strip():
+        return None
+    c = commit.strip()
+    if re.fullmatch(r"g[0-9a-f]{7,40}", c):
+        c = c[1:]
+    return c
+
+
+def installed_vllm_commit() -> str | None:
+    """The commit the vLLM this Python would import says it was built from (its ``_version.py``,
+    read as text: vLLM is not imported), or None."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "_version.py"
+    try:
+        m = re.search(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]", path.read_text())
+    except OSError:
+        return None
+    return normalize_commit(m.group(1)) if m else None
 
 
 def run_id(doc, kind: str) -> str:
@@ -158,7 +189,7 @@ def timing_rows(case_id: str, timing) -> list[dict]:
 def _platform(versions) -> dict:
     v = versions if isinstance(versions, dict) else {}
     return {"gpu": v.get("gpu"), "capability": v.get("capability"), "torch": v.get("torch"), "cuda": v.get("cuda"),
-            "vllm": v.get("vllm"), "vllm_commit": v.get("vllm_commit")}
+            "vllm": v.get("vllm"), "vllm_commit": normalize_commit(v.get("vllm_commit"))}
 
 
 def _engine_case(run: Run, cid: str, e: dict) -> None:
@@ -193,6 +224,7 @@ def run_from_doc(doc, *, kind: str, exit_code: int | None = None, source: str | 
         doc.get("versions") if isinstance(doc, dict) else None)
     plat = _platform(versions)
     plat.update({k: v for k, v in context.items() if k in plat and v is not None})
+    plat["vllm_commit"] = normalize_commit(plat["vllm_commit"])
     if exit_code is None and fmt == "engine":
         exit_code = doc.get("exit_code", 0 if doc.get("passed") else 1 if doc.get("problems") else None)
     rid = run_id({"doc": doc, "identity": identity} if identity else doc, kind)
@@ -243,6 +275,7 @@ def run_from_tier(jsonl_lines: list[dict], engine_reports: list[dict], *, exit_c
     ctx = dict(context or {})
     plat = _platform(versions)
     plat.update({k: v for k, v in ctx.items() if k in plat and v is not None})
+    plat["vllm_commit"] = normalize_commit(plat["vllm_commit"])
     run = Run(run_id=ctx.get("run_id") or run_id(doc, "gpu-tier"), started_at=started_at or now_utc(),
               kind="gpu-tier", verdict=verdict_of(exit_code), exit_code=exit_code, source=source, label=label,
               seconds=seconds, harness_commit=ctx.get("harness_commit"),

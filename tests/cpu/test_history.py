@@ -307,3 +307,55 @@ def test_history_ingest_reads_each_producer_format(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{\"x\": 1}")
     assert cli_main(["history", "--history", str(path), "ingest", str(bad)]) == 2
+
+
+def test_the_gpu_tier_run_is_one_run_with_pytest_s_verdict(tmp_path):
+    """What the root conftest records at the end of ``pytest --history`` (``record_tier``): the
+    side-by-side lines and engine reports its tests wrote, one run, pytest's status as the verdict."""
+    from harness.commands.history import record_tier
+
+    d = tmp_path / "reports"
+    d.mkdir()
+    (d / "engine_mtp_engine-tiny-k2.json").write_text(json.dumps(
+        {"case": {"id": "engine-tiny-k2"}, "versions": {**PLATFORM, "vllm": "0.33.0"}, "counts": {}, "problems": [],
+         "components": {"logits": {"max_abs": 0.01}}}))
+    h = tmp_path / "h.sqlite"
+    assert record_tier(str(h), [str(tmp_path / "empty"), str(d), str(d)], 0) is not None
+    assert record_tier(str(h), [str(tmp_path / "empty")], 0) is None  # no GPU test wrote anything
+    (d / "gpu_side_by_side.jsonl").write_text(json.dumps({"case": {"id": "tiny-seed0"}, "rows": []}) + "\n")
+    assert "bad" in record_tier(str(h), [str(d)], 1)
+    with sqlite3.connect(h) as c:
+        assert sorted(c.execute("SELECT kind, verdict, platform FROM runs")) == [
+            ("gpu-tier", "bad", "NVIDIA H200 (sm 9.0), torch 2.11.0+cu130, CUDA 13.0"),
+            ("gpu-tier", "good", "NVIDIA H200 (sm 9.0), torch 2.11.0+cu130, CUDA 13.0")]
+
+
+def test_the_last_good_commit_is_this_platform_s_latest_good_run(tmp_path):
+    from harness.commands.nightly import last_good_commit
+
+    h = tmp_path / "h.sqlite"
+    for day, commit, code, gpu in ((1, "aaa1111", 0, "NVIDIA H200"), (2, "bbb2222", 0, "NVIDIA H200"),
+                                   (3, "ccc3333", 1, "NVIDIA H200"), (4, "ddd4444", 0, "NVIDIA H100")):
+        doc = report(tag=commit)
+        doc["meta"]["versions"]["gpu"] = gpu
+        store.append(h, ingest.run_from_doc(doc, kind="bisect-check", exit_code=code,
+                                            started_at=f"2026-12-0{day}T03:00:00+00:00",
+                                            context={"vllm_commit": "g" + commit}))
+    h200 = "NVIDIA H200 (sm 9.0), torch 2.11.0+cu130, CUDA 13.0"
+    assert last_good_commit(str(h), h200) == "bbb2222"  # setuptools-scm's g prefix dropped
+    assert last_good_commit(str(h), h200, before="2026-12-02") == "aaa1111"
+    assert last_good_commit(str(h), "NVIDIA B200 (sm 10.0), torch 2.11.0+cu130, CUDA 13.0") is None
+
+
+def test_nightly_without_a_gpu_says_it_could_not_judge_and_leaves_its_artifacts(tmp_path, capsys):
+    from harness.production.can_run import gpu_device_nodes
+
+    if gpu_device_nodes():
+        pytest.skip("a GPU host: bisect-check would run for real")
+    out, h = tmp_path / "out", tmp_path / "h.sqlite"
+    assert cli_main(["nightly", str(out), "--history", str(h), "--skip-tier"]) == 125
+    assert {p.name for p in out.iterdir()} >= {"log.txt", "bisect.log", "drift.txt", "history.sqlite", "nightly.json"}
+    assert json.loads((out / "nightly.json").read_text())["codes"] == {"bisect-check": 125}
+    with sqlite3.connect(out / "history.sqlite") as c:  # the copy: one self-contained file
+        assert c.execute("SELECT kind, verdict FROM runs").fetchall() == [("bisect-check", "cannot judge")]
+    assert cli_main(["nightly", str(out)]) == 2  # no history: bad input
