@@ -283,9 +283,9 @@ def _show(conn, args, f, say) -> int:
         say(f"DRIFT: {len(findings)} finding(s) (factor {args.drift:g}, trailing median of up to {args.window} run(s))")
         return EXIT_MISMATCH
     if not comparable:
-        say(f"NOT JUDGED: drift: no platform has {args.min_runs + 1} or more runs with rows to compare")
+        say(f"NOT JUDGED: drift: no platform has {args.min_runs + 1} or more runs of one kind with rows to compare")
         return EXIT_CANNOT_JUDGE
-    say(f"no drift (factor {args.drift:g}) on {comparable} platform(s)")
+    say(f"no drift (factor {args.drift:g}) on {comparable} series of runs (platform, kind)")
     return EXIT_OK
 
 
@@ -302,10 +302,10 @@ def _comparable_platforms(conn, f, min_runs: int) -> int:
     runs = select_runs(conn, g)
     with_rows = {r["run_id"] for r in rows_of(conn, "components", [r["run_id"] for r in runs], f.case)}
     with_rows |= {r["run_id"] for r in rows_of(conn, "acceptance", [r["run_id"] for r in runs], f.case)}
-    count: dict[str, int] = {}
+    count: dict[tuple[str, str], int] = {}
     for r in runs:
         if r["run_id"] in with_rows:
-            count[r["platform"]] = count.get(r["platform"], 0) + 1
+            count[(r["platform"], r["kind"])] = count.get((r["platform"], r["kind"]), 0) + 1
     return sum(1 for n in count.values() if n >= min_runs + 1)
 
 

@@ -1,8 +1,9 @@
 """The drift rule: what moved in the latest run against the runs before it, before it fails.
 
-For each platform (a component's numbers belong to its GPU and toolchain), the latest selected
-run that has rows is compared with the runs before it on that platform (at most ``window`` of
-them, at least ``min_runs``):
+For each platform (a component's numbers belong to its GPU and toolchain) and kind of run (a
+night's GPU tier and its bisect-check are two series), the latest selected run that has rows is
+compared with the runs of that platform and kind before it (at most ``window`` of them, at least
+``min_runs``):
 
 - a component that passed in the latest run is a finding when its max |d| moved by more than
   ``factor`` against the median of its trailing values (grew or shrank; from exactly 0 to
@@ -69,11 +70,11 @@ def find_drift(conn, filters: Filters | None = None, *, factor: float, window: i
     last = f.last
     f.last = None
     runs = select_runs(conn, f)
-    by_platform: dict[str, list[dict]] = {}
-    for r in runs:
-        by_platform.setdefault(r["platform"], []).append(r)
+    by_platform: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:  # a night's tier and its bisect-check are two series of runs, each judged
+        by_platform.setdefault((r["platform"], r["kind"]), []).append(r)
     findings: list[Finding] = []
-    for platform, plat_runs in sorted(by_platform.items()):
+    for (platform, _kind), plat_runs in sorted(by_platform.items()):
         if last:
             plat_runs = plat_runs[-last:]
         ids = [r["run_id"] for r in plat_runs]

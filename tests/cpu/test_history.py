@@ -359,3 +359,14 @@ def test_nightly_without_a_gpu_says_it_could_not_judge_and_leaves_its_artifacts(
     with sqlite3.connect(out / "history.sqlite") as c:  # the copy: one self-contained file
         assert c.execute("SELECT kind, verdict FROM runs").fetchall() == [("bisect-check", "cannot judge")]
     assert cli_main(["nightly", str(out)]) == 2  # no history: bad input
+
+
+def test_a_night_s_tier_and_bisect_check_are_judged_each_against_their_own_kind(tmp_path):
+    path = tmp_path / "h.sqlite"
+    for night, scale in enumerate([1.0, 1.0, 10.0]):
+        for kind in ("gpu-tier", "bisect-check"):
+            doc = report(scale=scale if kind == "gpu-tier" else 1.0, tag=f"{night}{kind}")
+            store.append(path, ingest.run_from_doc(doc, kind=kind, exit_code=0,
+                                                   started_at=f"2026-12-0{night + 1}T0{3 if kind == 'gpu-tier' else 4}:00:00+00:00"))
+    (f,) = _findings(path)  # the tier moved; bisect-check, run after it, did not
+    assert f.name == "step0.attn.out" and f.runs == 2
