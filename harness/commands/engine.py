@@ -103,6 +103,10 @@ def _main(args) -> int:
     reason = cannot_run_engine_reason()
     if reason:
         print(f"cannot judge: {reason}")
+        if args.history:  # a check that did not run is in the history as such
+            from harness.commands.history import record_report
+            print(record_report(args.history, "engine", None, EXIT_CANNOT_JUDGE,
+                                context={"first_line": f"cannot judge: {reason}"}))
         return EXIT_CANNOT_JUDGE
     return run_checked(args, mutants)
 

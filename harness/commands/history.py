@@ -145,6 +145,8 @@ def add_arguments(p) -> None:
     i.add_argument("reports", metavar="REPORT", nargs="+",
                    help="a --report JSON, an engine_mtp_<case>.json, or a directory a GPU tier wrote "
                         "(gpu_side_by_side.jsonl, engine_mtp_*.json)")
+    i.add_argument("--history", dest="ingest_history", default=None, metavar="PATH",
+                   help="the history to append to (same as history --history PATH; default $HYV4_HISTORY)")
     i.add_argument("--kind", dest="ingest_kind", default=None,
                    help="the run's kind (default: bisect-check for a harness report, engine, gpu-tier)")
     i.add_argument("--exit-code", type=int, default=None, help="the exit code of the run that wrote it")
@@ -323,7 +325,7 @@ def cmd_merge(args) -> int:
 def cmd_ingest(args) -> int:
     from harness.history import ingest, store
 
-    path = history_path(args)
+    path = getattr(args, "ingest_history", None) or history_path(args)
     if not path:
         raise CLIError(f"history ingest: give --history PATH (or set ${HISTORY_ENV})")
     store.check_history(path)
