@@ -124,7 +124,9 @@ def cmd_autobisect(args) -> int:
                   "session": session, "python": sys.executable}
         cfg_path = work / "autobisect.json"
         cfg_path.write_text(json.dumps(config, indent=1))
-        step = [sys.executable, "-m", "harness.commands.autobisect", "--step", str(cfg_path)]
+        # -P: the step runs in the source tree, whose folders (vllm/ ...) must not come first on sys.path
+        safe = ["-P"] if sys.version_info >= (3, 11) else []
+        step = [sys.executable, *safe, "-m", "harness.commands.autobisect", "--step", str(cfg_path)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         print(f"autobisect: {args.source} {args.good}..{args.bad}, session {session!r}, "

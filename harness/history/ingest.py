@@ -225,8 +225,11 @@ def run_from_doc(doc, *, kind: str, exit_code: int | None = None, source: str | 
     plat = _platform(versions)
     plat.update({k: v for k, v in context.items() if k in plat and v is not None})
     plat["vllm_commit"] = normalize_commit(plat["vllm_commit"])
+    inferred = exit_code is None
     if exit_code is None and fmt == "engine":
         exit_code = doc.get("exit_code", 0 if doc.get("passed") else 1 if doc.get("problems") else None)
+    elif exit_code is None and fmt == "report":
+        exit_code = infer_exit(doc)
     rid = run_id({"doc": doc, "identity": identity} if identity else doc, kind)
     run = Run(run_id=context.get("run_id") or rid, started_at=started_at or now_utc(), kind=kind,
               verdict=verdict_of(exit_code), exit_code=exit_code, source=source, label=label, seconds=seconds,
@@ -261,7 +264,24 @@ def run_from_doc(doc, *, kind: str, exit_code: int | None = None, source: str | 
     for k in ("first_line",):
         if context.get(k):
             run.extra[k] = context[k]
+    if inferred and exit_code is not None:
+        run.extra["exit_inferred"] = True  # read off the report, not the command's exit status
     return run
+
+
+def infer_exit(doc: dict) -> int | None:
+    """The exit code a harness report implies (``history ingest`` without ``--exit-code``): 1 when a
+    case or an engine case failed, 125 when one could not be judged or a part was not judged, 0
+    when every case passed; None for a report without cases."""
+    cases = [r for r in doc["cases"].values() if isinstance(r, dict)]
+    engines = [e for e in ((doc.get("meta") or {}).get("engine") or {}).values() if isinstance(e, dict)]
+    if not cases and not engines:
+        return None
+    if any(r.get("passed") is False for r in cases) or any(e.get("exit") == 1 for e in engines):
+        return 1
+    if any(e.get("exit") not in (0, 1) for e in engines) or (doc.get("meta") or {}).get("not_judged"):
+        return 125
+    return 0
 
 
 def run_from_tier(jsonl_lines: list[dict], engine_reports: list[dict], *, exit_code: int | None,
