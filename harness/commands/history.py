@@ -236,14 +236,14 @@ def _show(conn, args, f, say) -> int:
     for c in comps:
         by_run.setdefault(c["run_id"], []).append(c)
     say(f"{'started (UTC)':20s} {'kind':15s} {'verdict':12s} {'vLLM':22s} {'commit':12s} {'rows':>5s} "
-        f"{'worst max|d|/atol':>18s}  platform")
+        f"{'worst max|d|/atol':34s} platform")
     for r in runs:
         rows = by_run.get(r["run_id"], [])
         ratios = [c for c in rows if c["ratio"] is not None]
         worst = max(ratios, key=lambda c: c["ratio"]) if ratios else None
-        w = f"{worst['ratio']:.3g} {worst['component']}"[:18] if worst else "-"
+        w = f"{worst['ratio']:.3g} {worst['case_id'].split('/')[-1]} {worst['component']}"[:34] if worst else "-"
         say(f"{(r['started_at'] or '')[:19]:20s} {r['kind']:15s} {r['verdict']:12s} {(r['vllm'] or '-')[:22]:22s} "
-            f"{(r['vllm_commit'] or '-')[:12]:12s} {len(rows):5d} {w:>18s}  {r['platform']}")
+            f"{(r['vllm_commit'] or '-')[:12]:12s} {len(rows):5d} {w:34s} {r['platform']}")
     if args.components and runs:
         series: dict[tuple, list] = {}
         rank = {rid: i for i, rid in enumerate(ids)}
