@@ -14,7 +14,6 @@ or of a newer schema: refused, never overwritten); 125 ``--drift`` with too few 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sqlite3
 import stat
 import tempfile
@@ -429,11 +428,6 @@ def snapshot(src, dest) -> Path:
         if tmp.exists():
             tmp.unlink()
     return dest
-
-
-def copy_file(src, dest) -> None:
-    """Plain copy (tests and tools that need the bytes as they are)."""
-    shutil.copyfile(src, dest)
 
 
 # ---- reading -----------------------------------------------------------------------------------
