@@ -33,6 +33,9 @@ def pytest_addoption(parser):
                          "skipping it; .ci/gpu-nightly sets it (env HYV4_REQUIRE_GOLDENS=1 works too)")
     group.addoption("--hyv4-checkpoint", metavar="PATH", default=None,
                     help="a real HY V4 checkpoint directory for the real_checkpoint tests")
+    group.addoption("--history", metavar="PATH", default=None,
+                    help="append this run's GPU verdicts (side-by-side lines, engine reports) to the run history "
+                         "at PATH as one gpu-tier run (env HYV4_HISTORY works too; harness.history)")
     group.addoption("--hypothesis-profile-name", metavar="NAME", default=None,
                     help="hypothesis profile: ci (default) or nightly; env HYV4_HYPOTHESIS_PROFILE works too")
 
@@ -61,6 +64,56 @@ def pytest_configure(config):
     profile = (config.getoption("--hypothesis-profile-name")
                or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
     settings.load_profile(profile)
+    _history_configure(config)
+
+
+def _history_configure(config) -> None:
+    """``--history`` / ``$HYV4_HISTORY`` in the controller (or a run without xdist): the file is
+    checked now (a usage error when it is not a history), the GPU tests' report folders are set
+    (a temporary one each when unset), and the variable is taken out of the environment so that
+    the engine subprocesses the tests start do not record themselves a second time."""
+    if hasattr(config, "workerinput"):
+        return
+    path = config.getoption("--history") or os.environ.get("HYV4_HISTORY", "").strip() or None
+    os.environ.pop("HYV4_HISTORY", None)
+    if not path:
+        return
+    from harness.exitcodes import CLIError
+    from harness.history.store import check_history
+
+    try:
+        check_history(path)
+    except CLIError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    import tempfile
+    import time
+
+    from harness.history.ingest import now_utc
+
+    for var in ("HYV4_GPU_OUT", "HYV4_REPORT_DIR"):
+        if not os.environ.get(var, "").strip():
+            os.environ[var] = tempfile.mkdtemp(prefix="hyv4-tier-")
+    config._hyv4_history = (path, [os.environ["HYV4_GPU_OUT"], os.environ["HYV4_REPORT_DIR"]], now_utc(),
+                            time.perf_counter())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    state = getattr(session.config, "_hyv4_history", None)
+    if state is None:
+        return
+    import time
+
+    from harness.commands.history import record_tier
+
+    path, dirs, started, t0 = state
+    line = record_tier(path, dirs, int(exitstatus), started_at=started, seconds=round(time.perf_counter() - t0, 2))
+    session.config._hyv4_history_line = line or f"history {path}: no GPU verdict written by this run: nothing recorded"
+
+
+def pytest_terminal_summary(terminalreporter):
+    line = getattr(terminalreporter.config, "_hyv4_history_line", None)
+    if line:
+        terminalreporter.write_line(line)
 
 
 # Can production run here: asked once per pytest process, in the background from the end of its

@@ -196,7 +196,9 @@ def _on_production(command: str, args) -> int:
 
 def cmd_compare(args) -> int:
     """Side by side on the GPU; 125 where production cannot run."""
-    return _on_production("compare_command", args)
+    from .commands.history import with_history
+
+    return with_history("compare", args, lambda: _on_production("compare_command", args))
 
 
 def cmd_main_job(args) -> int:
@@ -275,7 +277,9 @@ def cmd_bisect_check(args) -> int:
     """Side by side + goldens (or ``--baseline DIR``) for the default case set: 0 good, 1 bad,
     125 cannot judge (also: a golden part not judged, unless ``--allow-unjudged``);
     ``--record-baseline DIR`` records the baseline instead."""
-    return _on_production("bisect_command", args)
+    from .commands.history import with_history
+
+    return with_history("bisect-check", args, lambda: _on_production("bisect_command", args))
 
 
 def cmd_mutants(args) -> int:
@@ -318,6 +322,8 @@ def _add_mutants_arguments(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .commands.history import add_history_argument
+
     p = OneLineParser(prog="python -m harness", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="print the traceback of an error (before its one line)")
@@ -343,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="vLLM's HYV4MTP vs the reference on a GPU (exit 0/1/2/125)")
     _add_side_by_side_arguments(c)
+    add_history_argument(c)
     c.set_defaults(func=cmd_compare)
 
     rp = sub.add_parser("report", help="print a JSON report; with two, the components whose error moved")
@@ -374,7 +381,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--allow-unjudged", action="store_true",
                    help="exit 0, not 125, when the judged parts pass but a golden part could not be judged "
                         "(the NOT JUDGED lines stay)")
+    add_history_argument(b)
     b.set_defaults(func=cmd_bisect_check)
+
+    from .commands import autobisect as autobisect_cli, history as history_cli, nightly as nightly_cli
+    h = sub.add_parser("history", help="the run history: table, trend plots, --drift (exit 1 on drift); merge, ingest")
+    history_cli.add_arguments(h)
+    h.set_defaults(func=history_cli.cmd_history)
+
+    ab = sub.add_parser("autobisect", help="git bisect run over a vLLM source tree by itself: the culprit commit "
+                                           "and its first divergent component (0 named, 2, 125)")
+    autobisect_cli.add_arguments(ab)
+    ab.set_defaults(func=autobisect_cli.cmd_autobisect)
+
+    n = sub.add_parser("nightly", help="the nightly GPU job: tier, bisect-check, history, drift, autobisect on "
+                                       "failure; everything to upload in OUT_DIR")
+    nightly_cli.add_arguments(n)
+    n.set_defaults(func=nightly_cli.cmd_nightly)
 
     mu = sub.add_parser("mutants", help="apply known-bug mutants to vLLM in process; 0 all detected, 1 not, 125")
     _add_mutants_arguments(mu)

@@ -69,6 +69,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "pytest",
         "`1`: a golden test that cannot judge (no golden for this platform) fails instead of skipping; "
         "same as `--require-goldens`"),
+    "HYV4_HISTORY": (
+        "python -m harness (compare, bisect-check, history, autobisect, nightly), the engine command, pytest",
+        "the run history (SQLite file, created if absent) each run is appended to; same as `--history PATH`. "
+        "A file that is not a history (another database, damaged, a newer schema) is refused, exit 2"),
     # ---- read only by the shell scripts or by test modules ----
     "HYV4_REQUIREMENTS": (
         "with-env, .ci/run",

@@ -282,6 +282,17 @@ def _env_goldens_root(name: str, value: str) -> None:
                                               else f"its manifest.json is {_kind(st.st_mode)}, not a file"))
 
 
+def _env_history(name: str, value: str) -> None:
+    """A history file: a regular file or nothing yet, in a directory that exists (what it holds is
+    checked where it is opened: ``harness.history.store``)."""
+    st = _stat(f"${name} {value}", value)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise CLIError(f"${name} {value}: is {_kind(st.st_mode)}, not a history file")
+    parent = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(parent):
+        raise CLIError(f"${name} {value}: directory {parent} does not exist")
+
+
 def _env_choice(*choices: str, exact: bool = False):
     def check(name: str, value: str) -> None:
         if (value if exact else value.strip().lower()) not in choices:
@@ -318,6 +329,7 @@ HYPOTHESIS_PROFILES = ("ci", "nightly", "dev")  # registered by the root conftes
 # name -> check of its value (an empty value means unset for every one of them)
 ENVIRONMENT = {
     "HYV4_JIT_CACHE": _env_dir,
+    "HYV4_HISTORY": _env_history,
     "HYV4_PACKAGE_MAP_CACHE": _env_dir,  # empty turns the layer off: an empty value is not checked
     "HYV4_REPORT_DIR": _env_dir,
     "HYV4_TIMELINE": _env_dir,

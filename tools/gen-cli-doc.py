@@ -91,6 +91,12 @@ def render() -> str:
     ]
     for name, p in sub.choices.items():
         out += [f"### `python -m harness {name}`", "", _cell(helps.get(name) or ""), "", *_table(p), ""]
+        nested = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if nested is not None:  # a command's own subcommands (history merge, history ingest)
+            nested_helps = {a.dest: a.help for a in nested._choices_actions}
+            for sub_name, sp in nested.choices.items():
+                out += [f"#### `python -m harness {name} {sub_name}`", "", _cell(nested_helps.get(sub_name) or ""),
+                        "", *_table(sp), ""]
     out += [
         "## Environment variables",
         "",

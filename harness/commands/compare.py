@@ -607,6 +607,7 @@ def start_engine_cases(case_ids, *, gpu_shared: bool = False, fixed_kv: bool = F
     # fixed_kv: this process touches the GPU meanwhile without computing beside them (start_early)
     env = engine_env(gpu_shared or fixed_kv or len(case_ids) > 1,
                      computing=len(case_ids) + (1 if gpu_shared else 0))
+    env.pop("HYV4_HISTORY", None)  # this command records its engines in its own run (harness.history)
     runs = []
     try:
         for cid in case_ids:
@@ -650,7 +651,8 @@ def collect_engine_cases(runs: list[_EngineRun]) -> tuple[dict, int]:
                               "counts": rep.get("counts"), "timing_s": rep.get("timing_s"),
                               "mutant": rep.get("mutant"), "drafter_mode": rep.get("drafter_mode"),
                               "compilation": rep.get("compilation"), "graph_replays": rep.get("graph_replays"),
-                              "graph_facts": rep.get("graph_facts"), "graph_regimes": rep.get("graph_regimes")}
+                              "graph_facts": rep.get("graph_facts"), "graph_regimes": rep.get("graph_regimes"),
+                              "components": rep.get("components")}
             label = r.case_id + (" [CUDA graphs]" if rep.get("drafter_mode") == "CUDA graphs" else "")
             if code == EXIT_OK:
                 print(f"ok   engine {label}" + (f" (acceptance {_rates(rep)})" if rep.get("acceptance") else ""))

@@ -44,6 +44,9 @@ def main(argv=None) -> int:
                     help="with one --case: build its engine once and run a pristine generation, then per "
                          "speculator mutant a planted one and a pristine one again; engine_mtp_<case>.sweep.json; "
                          "exit 0 when every mutant fails named first and every pristine run passes, else 1")
+    ap.add_argument("--history", default=None, metavar="PATH",
+                    help="append each case's run to the run history at PATH (default $HYV4_HISTORY; "
+                         "harness.history: several engine processes may append at once)")
     ap.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     args = ap.parse_args(argv)
     return run_guarded(_main, args, debug=args.debug)
@@ -65,6 +68,12 @@ def _main(args) -> int:
 
     environment()  # $HYV4_SPECULATOR_MUTANT, $HYV4_REPORT_DIR, $HYV4_ENGINE_KV_CACHE_GIB, ... named when bad
     check_out_dir(args.out)
+    from harness.commands.history import history_path
+    from harness.history.store import check_history
+
+    args.history = history_path(args)
+    if args.history:
+        check_history(args.history)  # a file that is not a history: exit 2 before any engine is built
     env_mutant = os.environ.get("HYV4_SPECULATOR_MUTANT") or None
     mutants = args.mutant or ([env_mutant] if env_mutant and not args.sweep else [])
     for m in mutants:
@@ -95,6 +104,10 @@ def _main(args) -> int:
     reason = cannot_run_engine_reason()
     if reason:
         print(f"cannot judge: {reason}")
+        if args.history:  # a check that did not run is in the history as such
+            from harness.commands.history import record_report
+            print(record_report(args.history, "engine", None, EXIT_CANNOT_JUDGE,
+                                context={"first_line": f"cannot judge: {reason}"}))
         return EXIT_CANNOT_JUDGE
     return run_checked(args, mutants)
 
@@ -132,6 +145,7 @@ def run_checked(args, mutants) -> int:
         return worst_exit_code([subprocess.call([sys.executable, "-m", "harness.production.engine", "--case", cid]
                                                 + (["--out", out] if out else [])
                                                 + (["--debug"] if args.debug else [])
+                                                + (["--history", args.history] if args.history else [])
                                                 + (["--mutant", args.mutant] if args.mutant else [])) for cid in ids])
     codes = []
     for cid in ids:
@@ -145,6 +159,9 @@ def run_checked(args, mutants) -> int:
         if out:
             os.makedirs(out, exist_ok=True)
             atomic_write_json(os.path.join(out, f"engine_mtp_{cid}.json"), rep, default=str)
+        if args.history and "case" in rep:
+            from harness.commands.history import record_doc
+            print(record_doc(args.history, "engine", rep, code), flush=True)
     return worst_exit_code(codes)
 
 

@@ -120,6 +120,9 @@ ALLOWED = {
                                          "harness.production.engine.bookkeeping"),
     "harness.production.engine.bookkeeping": ("harness.production.engine.spec_counts",),
     "harness.production.engine.spec_counts": (),  # what vLLM counts, read duck-typed: no vLLM, no torch
+    # the run history: read, merged and plotted on any machine (no torch, no vLLM, no production)
+    "harness.history": ("harness.history", "harness.atomic", "harness.exitcodes", "harness.input_checks",
+                        "harness.env_vars"),
 }
 # The command layer, top of the stack: argument checking, printing, exit codes. Nothing below it
 # imports it at any level; only the entry points (``__main__`` modules: ``python -m ...`` shims
