@@ -44,6 +44,7 @@ ROLES: Mapping[str, str] = MappingProxyType({
     "graph-bisect": "what bisect-check --graphs adds: the speculator in CUDA graphs, as served",
     "fp8": "block-FP8 checkpoints (quant fp8 / fp8-ue8m0): side_by_side --fp8, the FP8 emulation",
     "modelopt": "ModelOpt FP8_PB_WO checkpoints: side_by_side --modelopt",
+    "fp8-kv": "served with an FP8 KV cache (kv_cache_dtype fp8: fp8_ds_mla rows on the sparse layers)",
     "probe": "configs the SM90 kernels refuse (documenting the constraint; expected to raise); "
              "not among GPU_CASES",
 })
@@ -113,6 +114,9 @@ class GpuCase:
     # module names (``named_modules``) vLLM must build unquantized: the proof that the case
     # went through the config's exclusion path (checked after loading, see side_by_side)
     expect_unquantized: tuple = ()
+    # vLLM's --kv-cache-dtype: "auto" (bf16) or "fp8" (HY V4's sparse layers store the packed
+    # fp8_ds_mla rows; the reference reads the same FP8 latent back: reference.kv_cache)
+    kv_cache_dtype: str = "auto"
 
     def hf_config(self) -> dict:
         """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
@@ -154,6 +158,9 @@ class EngineCase:
     # ``vllm serve`` uses by default on the installed release (CUDA graphs; vLLM decides whether
     # torch.compile runs), judged through ``graph_tap``
     graphs: bool = False
+    # vLLM's --kv-cache-dtype for the whole engine (target and draft): "auto" or "fp8"
+    # (fp8_ds_mla rows on the sparse layers; the replay reads the FP8 latent back: reference.kv_cache)
+    kv_cache_dtype: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +253,10 @@ REGISTRY: tuple[CaseRecord, ...] = (
     _mod(GpuCase("tiny-k2-long", requests=2, tokens=160, steps=2, seed=6),
          *_BISECT, regimes=("topk_selecting_rows_frac", "routing_near_tie_rows", "indexer_ue8m0_rounded_frac"),
          order=1),
+    # FP8 KV cache (--kv-cache-dtype fp8): the draft's sparse MLA stores vLLM's packed fp8_ds_mla
+    # rows (e4m3 latent, a power-of-two scale per tile of 128, bf16 rope) and the FP8 sparse
+    # decode kernel reads them back; contexts (160, 157) longer than index_topk 128
+    _mod(GpuCase("tiny-k2-long-fp8kv", requests=2, tokens=160, steps=2, seed=26, kv_cache_dtype="fp8"), "fp8-kv"),
     # a request longer than the MLA decode threshold (256): sparse prefill kernel
     _mod(GpuCase("tiny-k2-long-prefill", requests=2, tokens=300, steps=2, seed=7)),
     _mod(GpuCase("tiny-k3-long-share", overrides=(("index_share_for_mtp_iteration", True),), requests=2,

@@ -187,8 +187,10 @@ def from_run(cfg: R.MTPConfig, weights: dict, flat: dict, rec: dict, steps: int,
     return out
 
 
-def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: int, hf: dict | None = None):
-    """(``reference.draft`` result or the exception it raised, regime values).
+def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: int, hf: dict | None = None,
+                  kv_cache_dtype: str = "auto"):
+    """(``reference.draft`` result or the exception it raised, regime values). ``kv_cache_dtype``:
+    the draft KV's storage (``reference.kv_cache``), as the case serves it.
 
     A draft that raises (``UnwrittenKVError``: the reference cycles MTP layers) is measured
     over the steps that completed (``steps_measured``).
@@ -196,12 +198,12 @@ def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: in
     res = None
     with probes.recording() as rec:
         try:
-            res = outcome = R.draft(cfg, weights, first, steps, num=R.EXACT)
+            res = outcome = R.draft(cfg, weights, first, steps, num=R.EXACT, kv_cache_dtype=kv_cache_dtype)
         except R.UnwrittenKVError as exc:
             outcome = exc
     if res is None:
         with probes.recording() as rec:
-            res = _partial(cfg, weights, first, steps)
+            res = _partial(cfg, weights, first, steps, kv_cache_dtype)
     flat = R.flatten(res) if res is not None else {}
     try:
         values = from_run(cfg, weights, flat, rec, steps, hf)
@@ -210,11 +212,11 @@ def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: in
     return outcome, values
 
 
-def _partial(cfg, weights, first, steps):
+def _partial(cfg, weights, first, steps, kv_cache_dtype: str = "auto"):
     """The longest draft shorter than ``steps`` that runs (None when not even one step does)."""
     for n in range(steps - 1, 0, -1):
         try:
-            return R.draft(cfg, weights, first, n, num=R.EXACT)
+            return R.draft(cfg, weights, first, n, num=R.EXACT, kv_cache_dtype=kv_cache_dtype)
         except R.UnwrittenKVError:
             continue
     return None

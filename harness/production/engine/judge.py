@@ -57,9 +57,9 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     # (engine step, draft step, dataflow rank, line): inputs, then top-k, then KV reads, then tokens
     items = [(f.engine_step, f.draft_step, 0, f.line()) for f in book["findings"]] if book else []
     t = time.perf_counter()
-    replays = replay(cfg, weights, calls, R.EXACT, multi_module=multi_module)
+    replays = replay(cfg, weights, calls, R.EXACT, multi_module=multi_module, kv_cache_dtype=case.kv_cache_dtype)
     t_ref = time.perf_counter() - t
-    tols = tolerances_for("bf16")
+    tols = tolerances_for("bf16", case.kv_cache_dtype)
     tokens = judge_tokens(calls, replays, tols["logits"])
     errors = [(i, r.error) for i, r in enumerate(replays) if r.error]
     for i, e in errors:

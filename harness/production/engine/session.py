@@ -96,6 +96,7 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
         disable_log_stats=False,  # LLM.get_metrics() (vLLM's spec-decode counters) needs stat logging
         seed=case.seed,
         speculative_config={"method": "mtp", "num_speculative_tokens": case.num_speculative_tokens},
+        kv_cache_dtype=case.kv_cache_dtype,  # "fp8": fp8_ds_mla rows on the sparse layers
     )
 
 
