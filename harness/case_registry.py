@@ -253,10 +253,6 @@ REGISTRY: tuple[CaseRecord, ...] = (
     _mod(GpuCase("tiny-k2-long", requests=2, tokens=160, steps=2, seed=6),
          *_BISECT, regimes=("topk_selecting_rows_frac", "routing_near_tie_rows", "indexer_ue8m0_rounded_frac"),
          order=1),
-    # FP8 KV cache (--kv-cache-dtype fp8): the draft's sparse MLA stores vLLM's packed fp8_ds_mla
-    # rows (e4m3 latent, a power-of-two scale per tile of 128, bf16 rope) and the FP8 sparse
-    # decode kernel reads them back; contexts (160, 157) longer than index_topk 128
-    _mod(GpuCase("tiny-k2-long-fp8kv", requests=2, tokens=160, steps=2, seed=26, kv_cache_dtype="fp8"), "fp8-kv"),
     # a request longer than the MLA decode threshold (256): sparse prefill kernel
     _mod(GpuCase("tiny-k2-long-prefill", requests=2, tokens=300, steps=2, seed=7)),
     _mod(GpuCase("tiny-k3-long-share", overrides=(("index_share_for_mtp_iteration", True),), requests=2,
@@ -312,6 +308,10 @@ REGISTRY: tuple[CaseRecord, ...] = (
                      "self_attn.fused_qkv_a_proj", "self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.o_proj",
                      "self_attn.indexer.wq_b", "mlp.gate_up_proj", "mlp.down_proj"))),
          "modelopt"),
+    # FP8 KV cache (--kv-cache-dtype fp8): the draft's sparse MLA stores vLLM's packed fp8_ds_mla
+    # rows (e4m3 latent, a power-of-two scale per tile of 128, bf16 rope) and the FP8 sparse
+    # decode kernel reads them back; contexts (160, 157) longer than index_topk 128
+    _mod(GpuCase("tiny-k2-long-fp8kv", requests=2, tokens=160, steps=2, seed=26, kv_cache_dtype="fp8"), "fp8-kv"),
     # configs the SM90 kernels refuse (kept to document the constraint; expected to raise)
     _mod(GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10), "probe"),
     # "layers" naming with two MTP layers: the loader recognises only
@@ -368,6 +368,19 @@ REGISTRY: tuple[CaseRecord, ...] = (
                     target="acceptance", patterns=("accept", "reject", "alternate"), prompt_lens=(170, 45, 133),
                     graphs=True,
                     expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75)))),
+    # FP8 KV cache (--kv-cache-dtype fp8, the whole engine: the sparse layers store fp8_ds_mla rows):
+    # eager, every draft forward tapped and replayed over the reference's FP8 latent; then as
+    # served (CUDA graphs), 3 requests padded, no index sharing
+    _eng(EngineCase("engine-accept-k3-share-fp8kv", overrides=_ACCEPT + (("index_share_for_mtp_iteration", True),),
+                    seed=37, target="acceptance", patterns=("accept", "reject", "alternate"),
+                    prompt_lens=(200, 40, 150), kv_cache_dtype="fp8",
+                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.2, 0.5))),
+         "fp8-kv"),
+    _eng(EngineCase("engine-graphs-accept-k2-padded-fp8kv", overrides=_ACCEPT, seed=38, num_speculative_tokens=2,
+                    target="acceptance", patterns=("accept", "reject", "alternate"), prompt_lens=(170, 45, 133),
+                    graphs=True, kv_cache_dtype="fp8",
+                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75))),
+         "fp8-kv"),
 )
 
 BY_ID: Mapping[str, CaseRecord] = MappingProxyType({r.id: r for r in REGISTRY})
