@@ -244,7 +244,7 @@ REGISTRY: tuple[Component, ...] = (
               mutants=("kv-fp8-rope-quantised",)),
     Component("attn.core", "reference.attention.attend", hooks=_out(f"{_SA}.mla_attn"), diagnostic=True,
               tp="head-sharded", tolerance=_tol(_ATTN, (0.47, _ATT + " [2.33e-1]"), (0.3, _ATT + " [1.46e-1]")),
-              regimes=("sink_mass_mean", "sink_mass_max"),
+              regimes=("sink_mass_mean", "sink_mass_max", "kv_fp8_scale_spread_frac"),
               mutants=("sink-dropped", "sink-twice", "softmax-scale-latent", "sink-narrowed-twice",
                        "kv-fp8-scale-reciprocal", "kv-fp8-scale-wrong-tile", "kv-fp8-scale-per-row")),
     Component("attn.gate", "reference.attention.gate",
