@@ -117,10 +117,10 @@ def _fp8_rows(cache: torch.Tensor) -> torch.Tensor:
     """The packed cache as [rows, 656] uint8, sharing its memory."""
     from reference.kv_cache import ROW_BYTES
 
-    if cache.dtype != torch.uint8 or cache.shape[-1] != ROW_BYTES:
+    if cache.element_size() != 1 or cache.shape[-1] != ROW_BYTES:
         raise MutantNotApplicable(f"the MLA cache is {cache.dtype} {tuple(cache.shape)}, not fp8_ds_mla rows")
     try:
-        return cache.view(-1, ROW_BYTES)
+        return cache.view(torch.uint8).view(-1, ROW_BYTES)
     except RuntimeError as exc:
         raise MutantNotApplicable(f"the fp8_ds_mla cache cannot be viewed as rows: {exc}") from exc
 

@@ -321,8 +321,7 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     timing["reference"] = runs.seconds
     rows = report_rows(report, prod_cmp, ref_p)
     details = {
-        "case": dataclasses.asdict(case), "quant": case.quant, "kv_cache_dtype": case.kv_cache_dtype,
-        "passed": None, "first_divergent": None,
+        "case": dataclasses.asdict(case), "quant": case.quant, "passed": None, "first_divergent": None,
         "table": report.table(), "rows": None,
         "audit": info.get("audit", []), "attach_notes": info.get("attach_notes", []),
         "step_notes": info.get("step_notes", []),
