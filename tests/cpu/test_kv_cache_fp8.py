@@ -314,3 +314,15 @@ def test_fp8kv_tolerances_widen_the_bf16_ones_downstream_of_the_cache_and_say_so
     assert tolerance_table("bf16", "fp8")["attn.kv_cache"].atol == 0 == tolerance_table("bf16", "fp8")["attn.kv_cache"].rtol
     with pytest.raises(KeyError, match="fp8_e5m2"):
         tolerance_table("bf16", "fp8_e5m2")
+
+
+def test_an_engine_case_served_with_fp8_whose_draft_ran_another_cache_fails():
+    from harness.production.engine.judge import verdict_problems
+
+    def rep(stored):
+        return {"counts": {"compared": 3, "max_context": 200, "index_topk": 128, "num_speculative_tokens": 1,
+                           "max_draft_steps": 1},
+                "load": {"landed": {"w": True}}, "case": {"kv_cache_dtype": "fp8"}, "kv_cache": stored}
+    assert verdict_problems(rep({"model.layers.2.mtp_block.self_attn": "fp8_ds_mla"})) == []
+    for stored in ({"model.layers.2.mtp_block.self_attn": "auto"}, {}):
+        assert any("not exercised" in p for p in verdict_problems(rep(stored))), stored

@@ -162,6 +162,11 @@ def verdict_problems(rep: dict) -> list[str]:
     if c["num_speculative_tokens"] >= 2 and c["max_draft_steps"] < 2:
         p.append(f"the drafter ran {c['max_draft_steps']} step(s) per engine step (K={c['num_speculative_tokens']})")
     case = rep.get("case") if isinstance(rep.get("case"), dict) else {}
+    if case.get("kv_cache_dtype", "auto") != "auto":  # the cache the case names is the one the draft ran
+        stored = rep.get("kv_cache") or {}
+        if not stored or any(v != "fp8_ds_mla" for v in stored.values()):
+            p.append(f"kv_cache_dtype {case['kv_cache_dtype']!r} not exercised: the draft's MLA caches are "
+                     f"{stored or 'unknown'}, not fp8_ds_mla")
     if case.get("target") == "acceptance":
         if rep.get("target_follows_f") is not None and not all(rep["target_follows_f"]):
             p.append(f"the edited target did not follow its permutation: {rep['target_follows_f']} "
