@@ -44,6 +44,7 @@ ROLES: Mapping[str, str] = MappingProxyType({
     "graph-bisect": "what bisect-check --graphs adds: the speculator in CUDA graphs, as served",
     "fp8": "block-FP8 checkpoints (quant fp8 / fp8-ue8m0): side_by_side --fp8, the FP8 emulation",
     "modelopt": "ModelOpt FP8_PB_WO checkpoints: side_by_side --modelopt",
+    "fp8-kv": "served with an FP8 KV cache (kv_cache_dtype fp8: fp8_ds_mla rows on the sparse layers)",
     "probe": "configs the SM90 kernels refuse (documenting the constraint; expected to raise); "
              "not among GPU_CASES",
 })
@@ -113,6 +114,9 @@ class GpuCase:
     # module names (``named_modules``) vLLM must build unquantized: the proof that the case
     # went through the config's exclusion path (checked after loading, see side_by_side)
     expect_unquantized: tuple = ()
+    # vLLM's --kv-cache-dtype: "auto" (bf16) or "fp8" (HY V4's sparse layers store the packed
+    # fp8_ds_mla rows; the reference reads the same FP8 latent back: reference.kv_cache)
+    kv_cache_dtype: str = "auto"
 
     def hf_config(self) -> dict:
         """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
@@ -157,6 +161,9 @@ class EngineCase:
     # graphs: the draft-decode paths (harness.production.engine.graph_regimes.GRAPH_REGIMES) the
     # case is for; the verdict fails, naming the regime, when vLLM did not run one of them
     graph_regimes: tuple = ()
+    # vLLM's --kv-cache-dtype for the whole engine (target and draft): "auto" or "fp8"
+    # (fp8_ds_mla rows on the sparse layers; the replay reads the FP8 latent back: reference.kv_cache)
+    kv_cache_dtype: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +311,10 @@ REGISTRY: tuple[CaseRecord, ...] = (
                      "self_attn.fused_qkv_a_proj", "self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.o_proj",
                      "self_attn.indexer.wq_b", "mlp.gate_up_proj", "mlp.down_proj"))),
          "modelopt"),
+    # FP8 KV cache (--kv-cache-dtype fp8): the draft's sparse MLA stores vLLM's packed fp8_ds_mla
+    # rows (e4m3 latent, a power-of-two scale per tile of 128, bf16 rope) and the FP8 sparse
+    # decode kernel reads them back; contexts (160, 157) longer than index_topk 128
+    _mod(GpuCase("tiny-k2-long-fp8kv", requests=2, tokens=160, steps=2, seed=26, kv_cache_dtype="fp8"), "fp8-kv"),
     # configs the SM90 kernels refuse (kept to document the constraint; expected to raise)
     _mod(GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10), "probe"),
     # "layers" naming with two MTP layers: the loader recognises only
@@ -377,6 +388,20 @@ REGISTRY: tuple[CaseRecord, ...] = (
                     graphs=True,
                     expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75)),
                     graph_regimes=("decode_full_graph", "padded_rows", "batch_shrink"))),
+    # FP8 KV cache (--kv-cache-dtype fp8, the whole engine: the sparse layers store fp8_ds_mla rows):
+    # eager, every draft forward tapped and replayed over the reference's FP8 latent; then as
+    # served (CUDA graphs), 3 requests padded, no index sharing
+    _eng(EngineCase("engine-accept-k3-share-fp8kv", overrides=_ACCEPT + (("index_share_for_mtp_iteration", True),),
+                    seed=37, target="acceptance", patterns=("accept", "reject", "alternate"),
+                    prompt_lens=(200, 40, 150), kv_cache_dtype="fp8",
+                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.2, 0.5))),
+         "fp8-kv"),
+    _eng(EngineCase("engine-graphs-accept-k2-padded-fp8kv", overrides=_ACCEPT, seed=38, num_speculative_tokens=2,
+                    target="acceptance", patterns=("accept", "reject", "alternate"), prompt_lens=(170, 45, 133),
+                    graphs=True, kv_cache_dtype="fp8",
+                    expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75)),
+                    graph_regimes=("decode_full_graph", "padded_rows", "batch_shrink")),
+         "fp8-kv"),
 )
 
 BY_ID: Mapping[str, CaseRecord] = MappingProxyType({r.id: r for r in REGISTRY})

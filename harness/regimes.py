@@ -20,6 +20,9 @@ float64 reference (``reference.draft``, EXACT) under ``reference.probes``:
   draft_steps                K
   headwise_gate_rows /       query rows through a headwise / elementwise output gate
   elementwise_gate_rows
+  kv_fp8_scale_spread_frac   cached latent rows whose 4 fp8_ds_mla tile scales (powers of two,
+                             reference.kv_cache.tile_scales) are not all equal: where they are,
+                             a reader taking another tile's scale, or one per row, reads right
 
 ``measure(case)`` runs the reference on CPU (tiny cases: well under a second);
 ``harness.production.verdict.judge`` measures the same numbers from its free-running
@@ -35,7 +38,7 @@ import dataclasses
 import torch
 
 import reference as R
-from reference import probes
+from reference import kv_cache, probes
 from reference.fp8 import E4M3_MAX, ue8m0_round_up
 from reference.indexer import QUANT_GROUP
 from reference.moe import clamp_limit
@@ -81,6 +84,9 @@ REGIMES: dict[str, Regime] = {
     "draft_steps": Regime(2, "multi-step: steps >= 1 feed the previous step's token and hidden state"),
     "headwise_gate_rows": Regime(1, "the headwise gate broadcasts one value per head (repeat_interleave)"),
     "elementwise_gate_rows": Regime(1, "the elementwise gate multiplies each core element"),
+    "kv_fp8_scale_spread_frac": Regime(None, "an FP8 KV cache's tile-scale bugs (kv-fp8-scale-wrong-tile, "
+                                       "kv-fp8-scale-per-row) are visible only in rows whose tiles have different "
+                                       "scales; reported for every case, it matters for those served with fp8"),
 }
 
 
@@ -184,11 +190,18 @@ def from_run(cfg: R.MTPConfig, weights: dict, flat: dict, rec: dict, steps: int,
     out["elementwise_gate_rows"] = gated if cfg.gating_type == "elementwise" else 0
     if hf is not None:
         out["weight_ue8m0_rounded_frac"] = _weight_ue8m0_rounded(cfg, weights, hf)
+    # FP8 KV cache tile scales (the fp8_ds_mla layout holds a 512-value latent only)
+    latents = [flat[f"step{k}.attn.kv_c"] for k in ran if f"step{k}.attn.kv_c" in flat]
+    if latents and cfg.kv_lora_rank == kv_cache.NOPE:
+        sc = kv_cache.tile_scales(torch.cat(latents).to(torch.bfloat16))
+        out["kv_fp8_scale_spread_frac"] = _frac((sc != sc[:, :1]).any(-1))
     return out
 
 
-def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: int, hf: dict | None = None):
-    """(``reference.draft`` result or the exception it raised, regime values).
+def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: int, hf: dict | None = None,
+                  kv_cache_dtype: str = "auto"):
+    """(``reference.draft`` result or the exception it raised, regime values). ``kv_cache_dtype``:
+    the draft KV's storage (``reference.kv_cache``), as the case serves it.
 
     A draft that raises (``UnwrittenKVError``: the reference cycles MTP layers) is measured
     over the steps that completed (``steps_measured``).
@@ -196,12 +209,12 @@ def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: in
     res = None
     with probes.recording() as rec:
         try:
-            res = outcome = R.draft(cfg, weights, first, steps, num=R.EXACT)
+            res = outcome = R.draft(cfg, weights, first, steps, num=R.EXACT, kv_cache_dtype=kv_cache_dtype)
         except R.UnwrittenKVError as exc:
             outcome = exc
     if res is None:
         with probes.recording() as rec:
-            res = _partial(cfg, weights, first, steps)
+            res = _partial(cfg, weights, first, steps, kv_cache_dtype)
     flat = R.flatten(res) if res is not None else {}
     try:
         values = from_run(cfg, weights, flat, rec, steps, hf)
@@ -210,11 +223,11 @@ def measure_draft(cfg: R.MTPConfig, weights: dict, first: R.StepInput, steps: in
     return outcome, values
 
 
-def _partial(cfg, weights, first, steps):
+def _partial(cfg, weights, first, steps, kv_cache_dtype: str = "auto"):
     """The longest draft shorter than ``steps`` that runs (None when not even one step does)."""
     for n in range(steps - 1, 0, -1):
         try:
-            return R.draft(cfg, weights, first, n, num=R.EXACT)
+            return R.draft(cfg, weights, first, n, num=R.EXACT, kv_cache_dtype=kv_cache_dtype)
         except R.UnwrittenKVError:
             continue
     return None
@@ -227,7 +240,7 @@ def measure(case) -> dict:
     hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
-    return measure_draft(cfg, weights, first, case.steps, hf)[1]
+    return measure_draft(cfg, weights, first, case.steps, hf, kv_cache_dtype=getattr(case, "kv_cache_dtype", "auto"))[1]
 
 
 def coverage(measured: dict[str, dict]) -> dict[str, dict]:

@@ -8,6 +8,11 @@ an unwritten one is an error here, because in vLLM it reads stale memory.
 Writes and reads are batched (one gather / scatter per field for a whole
 step): ``write`` takes [T] requests and positions, ``read`` a [T, S] matrix of
 positions per query row, -1 meaning "no key" (read as zeros).
+
+``kv_cache_dtype`` (vLLM's ``--kv-cache-dtype``) says how the latent is stored:
+"auto" keeps it as computed; "fp8" (vLLM's ``fp8_ds_mla`` rows for HY V4's sparse
+layers) makes ``reference.mtp.forward_step`` store what those rows read back
+(``reference.kv_cache.stored_kv``: FP8 latent with per-tile scales, bf16 rope).
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ class DraftCache:
 
     FIELDS = ("kv_c", "k_pe", "index_k")
 
-    def __init__(self) -> None:
+    def __init__(self, kv_cache_dtype: str = "auto") -> None:
+        from .kv_cache import canonical
+
+        canonical(kv_cache_dtype)  # refuses a dtype the reference does not model
+        self.kv_cache_dtype = kv_cache_dtype
         self._store: dict[int, dict[str, torch.Tensor]] = {}
 
     def write(self, layer: int, request, position, **entries: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 import torch
 
-from . import attention, indexer, moe
+from . import attention, indexer, kv_cache, moe
 from .cache import DraftCache
 from .config import MTPConfig
 from .norms import rms_norm
@@ -86,7 +86,7 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
     ``attn.topk``. ``logit_rows``: the rows whose logits / greedy token are
     computed (default: each request's last row; the engine's proposer samples
     each request's last *accepted* row). Writes this step's KV into ``cache``
-    before attending.
+    before attending, in the cache's ``kv_cache_dtype`` (``reference.kv_cache``).
     """
     lw = shards[0].weights  # replicated parts are identical on every rank
     tr: OrderedDict[str, torch.Tensor] = OrderedDict()
@@ -105,7 +105,9 @@ def forward_step(cfg: MTPConfig, shards: list[Shard], inp: StepInput, cache: Dra
     x = rms_norm(x0, lw["input_layernorm"], cfg.rms_norm_eps, num)
     lat = attention.latents(cfg, lw, x, pos, num)
     tr["attn.q_c"], tr["attn.kv_c"], tr["attn.k_pe"] = lat["q_c"], lat["kv_c"], lat["k_pe"]
-    cache.write(layer, req, pos, kv_c=lat["kv_c"], k_pe=lat["k_pe"])
+    # what the cache reads back: as computed (bf16 cache), or through fp8_ds_mla's FP8 latent
+    stored_c, stored_pe = kv_cache.stored_kv(getattr(cache, "kv_cache_dtype", "auto"), lat["kv_c"], lat["k_pe"])
+    cache.write(layer, req, pos, kv_c=stored_c, k_pe=stored_pe)
     span = int(pos.max()) + 1
     causal = torch.arange(span, device=dev)[None, :] <= pos[:, None]  # [T, span]: keys 0..p
     causal_rows = torch.where(causal, torch.arange(span, device=dev), -1)
@@ -204,14 +206,16 @@ def compact_topk(rows: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
 
 def draft(cfg: MTPConfig, weights: dict[str, torch.Tensor], first: StepInput, steps: int,
           num: Numerics = EXACT, *, tp: int = 1, moe_mode: str = "tp",
-          cache: DraftCache | None = None) -> DraftResult:
+          cache: DraftCache | None = None, kv_cache_dtype: str = "auto") -> DraftResult:
     """Run ``steps`` draft steps as vLLM's MTP proposer does (see module doc).
 
     ``first``: step 0's batch (every request's new tokens, request-major).
+    ``kv_cache_dtype``: how the draft's KV is stored (``reference.kv_cache``; ignored when a
+    ``cache`` is given: it carries its own).
     """
     if steps < 1:
         raise ValueError("steps must be >= 1")
-    cache = cache or DraftCache()
+    cache = cache or DraftCache(kv_cache_dtype)
     shards_by_layer = {
         j: shard_all(cfg, layer_weights(weights, j), tp, moe_mode) for j in range(cfg.num_mtp_layers)
     }

@@ -1,7 +1,8 @@
 """Planted bugs of sparse MLA: latents, queries and RoPE, the top-k rows it reads (compaction,
-skip_topk), the sink and softmax scale, the output gate (components attn.q_c, attn.kv_c, attn.q,
-attn.topk, attn.core, attn.out: each ``Planted`` below is listed under its component's registry
-record, ``harness.components``, which the catalogue is derived from)."""
+skip_topk), the FP8 KV cache's rows (fp8_ds_mla: how the tile scales are read, how the rope is
+stored), the sink and softmax scale, the output gate (components attn.q_c, attn.kv_c, attn.q,
+attn.topk, attn.kv_cache, attn.core, attn.out: each ``Planted`` below is listed under its
+component's registry record, ``harness.components``, which the catalogue is derived from)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from .base import (HEADWISE, K1, K3SHARE, LONGSHARE, MODELOPT_DENSE, Ctx, MutantNotApplicable, Planted, _impl,
-                   _neox_copy, _param, need)
+from .base import (FP8KV, HEADWISE, K1, K3SHARE, LONGSHARE, MODELOPT_DENSE, Ctx, MutantNotApplicable, Planted,
+                   _impl, _neox_copy, _param, need)
 from .cpu import cpu_rope_neox
 
 
@@ -83,6 +84,98 @@ def m_sink_narrowed_twice(ctx: Ctx) -> None:
     if h == 0:
         raise MutantNotApplicable("one head: nothing to narrow")
     ctx.setattr(impl, "sinks", torch.cat([s[:h], s[:h]] + ([s[2 * h:]] if s.shape[0] % 2 else [])).contiguous())
+
+
+# ---- the FP8 KV cache (fp8_ds_mla rows: reference/kv_cache.py has the layout) ---------------------
+# A reader bug is planted around the attention impl's forward_mqa: the rows' tile scales are
+# rewritten to what the buggy reader would take, the kernels run, the scales are put back (the
+# rows the runner records afterwards are the writer's). The edits are plain functions of the
+# [rows, 4] float32 scales, so the CPU tier plants the same bugs in the reference's reader
+# (tests/cpu/test_kv_cache_fp8.py).
+
+def scale_reciprocal(s: torch.Tensor) -> torch.Tensor:
+    """The stored scale read as its reciprocal (a scale_inv / scale convention mix-up)."""
+    return torch.where(s != 0, 1.0 / s, s)
+
+
+def scale_wrong_tile(s: torch.Tensor) -> torch.Tensor:
+    """Tile t reads the scale of tile t - 1 (tile 0 the last one's): an off-by-one scale offset."""
+    return torch.roll(s, 1, dims=-1)
+
+
+def scale_per_row(s: torch.Tensor) -> torch.Tensor:
+    """One scale per row (tile 0's) instead of one per tile of 128."""
+    return s[..., :1].expand_as(s).clone()
+
+
+def rope_quantised(rope: torch.Tensor) -> torch.Tensor:
+    """The bf16 rope through unscaled e4m3 (saturating), as a writer quantizing it would store it."""
+    return rope.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(rope.dtype)
+
+
+def _fp8_rows(cache: torch.Tensor) -> torch.Tensor:
+    """The packed cache as [rows, 656] uint8, sharing its memory."""
+    from reference.kv_cache import ROW_BYTES
+
+    if cache.element_size() != 1 or cache.shape[-1] != ROW_BYTES:
+        raise MutantNotApplicable(f"the MLA cache is {cache.dtype} {tuple(cache.shape)}, not fp8_ds_mla rows")
+    try:
+        return cache.view(torch.uint8).view(-1, ROW_BYTES)
+    except RuntimeError as exc:
+        raise MutantNotApplicable(f"the fp8_ds_mla cache cannot be viewed as rows: {exc}") from exc
+
+
+def _fp8_impl(ctx: Ctx):
+    impl = _impl(ctx)
+    if getattr(impl, "kv_cache_dtype", None) != "fp8_ds_mla":
+        raise MutantNotApplicable(f"impl.kv_cache_dtype is {getattr(impl, 'kv_cache_dtype', None)!r}: the case is not "
+                                  "served with an FP8 KV cache")
+    return impl
+
+
+def _scale_reader(edit: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Ctx], None]:
+    def apply(ctx: Ctx) -> None:
+        from reference.kv_cache import ROPE_AT, SCALE_AT
+
+        impl = _fp8_impl(ctx)
+        orig = need(impl, "forward_mqa", "impl")
+
+        def forward_mqa(q, kv_c_and_k_pe_cache, *args, **kw):
+            scales = _fp8_rows(kv_c_and_k_pe_cache)[:, SCALE_AT:ROPE_AT].view(torch.float32)
+            saved = scales.clone()
+            scales.copy_(edit(saved))
+            try:
+                return orig(q, kv_c_and_k_pe_cache, *args, **kw)
+            finally:
+                scales.copy_(saved)
+        ctx.setattr(impl, "forward_mqa", forward_mqa, must_exist=False)
+    return apply
+
+
+m_kv_fp8_scale_reciprocal = _scale_reader(scale_reciprocal)
+m_kv_fp8_scale_wrong_tile = _scale_reader(scale_wrong_tile)
+m_kv_fp8_scale_per_row = _scale_reader(scale_per_row)
+for _f, _n in ((m_kv_fp8_scale_reciprocal, "m_kv_fp8_scale_reciprocal"),
+               (m_kv_fp8_scale_wrong_tile, "m_kv_fp8_scale_wrong_tile"),
+               (m_kv_fp8_scale_per_row, "m_kv_fp8_scale_per_row")):
+    _f.__name__ = _f.__qualname__ = _n
+
+
+def m_kv_fp8_rope_quantised(ctx: Ctx) -> None:
+    """After vLLM's cache write, the rows just written get their rope through e4m3."""
+    from reference.kv_cache import ROPE_AT
+
+    impl = _fp8_impl(ctx)
+    orig = need(impl, "do_kv_cache_update", "impl")
+
+    def do_kv_cache_update(kv_c_normed, k_pe, kv_cache, slot_mapping, *args, **kw):
+        orig(kv_c_normed, k_pe, kv_cache, slot_mapping, *args, **kw)
+        rows = _fp8_rows(kv_cache)
+        slots = slot_mapping.flatten().long()
+        slots = slots[slots >= 0]
+        rope = rows[slots, ROPE_AT:].contiguous().view(torch.bfloat16)
+        rows[slots, ROPE_AT:] = rope_quantised(rope).contiguous().view(torch.uint8)
+    ctx.setattr(impl, "do_kv_cache_update", do_kv_cache_update, must_exist=False)
 
 
 def _gate_hooks(ctx: Ctx, remap: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
@@ -172,7 +265,16 @@ PLANTED: tuple[Planted, ...] = (
     Planted("indexer-not-skipped", "set_skip_topk(True) ignored: the indexer re-runs at steps >= 1 "
             "instead of sharing step 0's (contexts > index_topk so the fresh set differs)", LONGSHARE,
             m_indexer_not_skipped, "multistep"),
+    # attn.kv_cache
+    Planted("kv-fp8-rope-quantised", "fp8_ds_mla writer stores the rope through e4m3 instead of verbatim bf16",
+            FP8KV, m_kv_fp8_rope_quantised, "kv-cache"),
     # attn.core
+    Planted("kv-fp8-scale-reciprocal", "fp8_ds_mla reader takes the stored tile scale as its reciprocal "
+            "(scale vs scale_inv)", FP8KV, m_kv_fp8_scale_reciprocal, "kv-cache"),
+    Planted("kv-fp8-scale-wrong-tile", "fp8_ds_mla reader takes tile t-1's scale for tile t (scale offset "
+            "off by one tile)", FP8KV, m_kv_fp8_scale_wrong_tile, "kv-cache"),
+    Planted("kv-fp8-scale-per-row", "fp8_ds_mla reader applies one scale per row (tile 0's) instead of one "
+            "per tile of 128", FP8KV, m_kv_fp8_scale_per_row, "kv-cache"),
     Planted("sink-dropped", "learnable sink not forwarded to the FlashMLA kernel (impl.sinks=None)", K1,
             m_sink_dropped, "attention"),
     Planted("sink-twice", "sink added twice to the softmax denominator (sink + ln 2)", K1, m_sink_twice,

@@ -137,6 +137,7 @@ def _neox_copy(ctx: Ctx, rope):
 K1, K3SHARE, LONG, LONGSHARE, HEADWISE, CLAMP, MODELOPT_DENSE = (
     "tiny-k1", "tiny-k3-share", "tiny-k2-long", "tiny-k3-long-share", "tiny-k2-headwise", "tiny-k2-clamp-headwise",
     "tiny-k2-modelopt-pb-dense")
+FP8KV = "tiny-k2-long-fp8kv"  # served with an FP8 KV cache (fp8_ds_mla rows)
 
 
 @dataclasses.dataclass(frozen=True)

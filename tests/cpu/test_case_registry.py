@@ -12,11 +12,14 @@ GPU = ("tiny-k1", "tiny-k3-ragged", "tiny-k2-fused-layers", "tiny-k2-clamp-headw
        "tiny-k3-share", "tiny-k2-long", "tiny-k2-long-prefill", "tiny-k3-long-share", "tiny-k2-topk512",
        "tiny-k2-small-preset", "tiny-k2-dense-mlp", "tiny-k2-headwise", "tiny-k2-yarn", "tiny-k2-two-mtp-layers",
        "tiny-k3-batch8", "real-dims-k2", "tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long",
-       "tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense", "tiny-k2-modelopt-layer-bf16-dense")
+       "tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense", "tiny-k2-modelopt-layer-bf16-dense",
+       "tiny-k2-long-fp8kv")
 BISECT = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-clamp-headwise", "tiny-k2-fp8-ue8m0-fused-scale-long")
 ENGINE = ("engine-tiny-k3-share", "engine-tiny-k2", "engine-accept-k3-share", "engine-accept-k2-two-layers",
           "engine-accept-k2-two-layers-share", "engine-graphs-accept-k3-share", "engine-graphs-accept-k3-noshare",
-          "engine-accept-k3-noshare", "engine-graphs-accept-k2-padded")
+          "engine-accept-k3-noshare", "engine-graphs-accept-k2-padded",
+          "engine-accept-k3-share-fp8kv", "engine-graphs-accept-k2-padded-fp8kv")
+FP8_KV = ("tiny-k2-long-fp8kv", "engine-accept-k3-share-fp8kv", "engine-graphs-accept-k2-padded-fp8kv")
 
 
 def test_every_derived_list_keeps_its_ids_and_order():
@@ -37,6 +40,7 @@ def test_every_derived_list_keeps_its_ids_and_order():
     assert prod.MODELOPT_CASE_IDS == ("tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense",
                                       "tiny-k2-modelopt-layer-bf16-dense")
     assert tuple(eng.ENGINE_CASES) == ENGINE
+    assert reg.ids(role="fp8-kv") == FP8_KV
     assert compare.DEFAULT_BISECT_ENGINE_CASES == ("engine-accept-k3-share", "engine-accept-k2-two-layers")
     assert compare.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share", "engine-graphs-accept-k3-noshare")
     # the registry lists every case once: the reference, module (GPU then probe) and engine cases
@@ -64,6 +68,12 @@ def test_role_lists_state_what_their_cases_are():
     assert all(r.spec.graphs for r in reg.records(role="graph-bisect"))
     assert not any(r.spec.graphs for r in reg.records(role="bisect", kind="engine"))
     assert reg.ids(role="golden", kind="module") == reg.ids(role="bisect", kind="module")
+    # fp8-kv: exactly the cases served with an FP8 KV cache, module and engine (eager and CUDA graphs)
+    assert reg.ids(role="fp8-kv") == tuple(r.id for r in reg.REGISTRY if getattr(r.spec, "kv_cache_dtype", "auto") != "auto")
+    assert {r.kind for r in reg.records(role="fp8-kv")} == {"module", "engine"}
+    assert {r.spec.graphs for r in reg.records(role="fp8-kv", kind="engine")} == {False, True}
+    for r in reg.records(role="fp8-kv", kind="module"):  # contexts longer than index_topk (128)
+        assert r.spec.tokens > 128, r.id
 
 
 def test_unknown_role_or_kind_is_refused_and_specs_are_the_records():

@@ -295,7 +295,9 @@ def test_gpu_mutants_apply_and_undo_on_a_stand_in(gating):
         try:
             m.apply(ctx)
         except M.MutantNotApplicable:
-            assert m.name == "headwise-gate-tiled" and gating == "elementwise", m.name
+            # the stand-in's attention has a bf16 cache: the FP8-KV mutants refuse it
+            # (tests/cpu/test_kv_cache_fp8.py drives them on a stand-in holding fp8_ds_mla rows)
+            assert (m.name == "headwise-gate-tiled" and gating == "elementwise") or m.name.startswith("kv-fp8-"), m.name
             continue
         during = _snapshot(sess)
         inner = sess.model.model

@@ -102,9 +102,9 @@ def _reference_runs_once():
         return dataclasses.replace(runs, weights_on_device=weights if runs.device == "cpu" else
                                    {k: v.to(runs.device) for k, v in weights.items()})
 
-    def measure_draft(cfg, weights, first, steps, hf=None):
-        return once("free", _digest(cfg, weights, first, steps, hf),
-                    lambda: real_measure(cfg, weights, first, steps, hf))
+    def measure_draft(cfg, weights, first, steps, hf=None, kv_cache_dtype="auto"):
+        return once("free", _digest(cfg, weights, first, steps, hf, kv_cache_dtype),
+                    lambda: real_measure(cfg, weights, first, steps, hf, kv_cache_dtype=kv_cache_dtype))
 
     def emulated_production_trace(case, variant="deepgemm-e8m0"):
         return once("emulated", _digest(case, variant), lambda: real_emulated(case, variant))

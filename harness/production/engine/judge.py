@@ -60,9 +60,9 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     # (engine step, draft step, dataflow rank, line): inputs, then top-k, then KV reads, then tokens
     items = [(f.engine_step, f.draft_step, 0, f.line()) for f in book["findings"]] if book else []
     t = time.perf_counter()
-    replays = replay(cfg, weights, calls, R.EXACT, multi_module=multi_module)
+    replays = replay(cfg, weights, calls, R.EXACT, multi_module=multi_module, kv_cache_dtype=case.kv_cache_dtype)
     t_ref = time.perf_counter() - t
-    tols = tolerances_for("bf16")
+    tols = tolerances_for("bf16", case.kv_cache_dtype)
     tokens = judge_tokens(calls, replays, tols["logits"])
     errors = [(i, r.error) for i, r in enumerate(replays) if r.error]
     for i, e in errors:
@@ -169,6 +169,11 @@ def verdict_problems(rep: dict) -> list[str]:
     if c["num_speculative_tokens"] >= 2 and c["max_draft_steps"] < 2:
         p.append(f"the drafter ran {c['max_draft_steps']} step(s) per engine step (K={c['num_speculative_tokens']})")
     case = rep.get("case") if isinstance(rep.get("case"), dict) else {}
+    if case.get("kv_cache_dtype", "auto") != "auto":  # the cache the case names is the one the draft ran
+        stored = rep.get("kv_cache") or {}
+        if not stored or any(v != "fp8_ds_mla" for v in stored.values()):
+            p.append(f"kv_cache_dtype {case['kv_cache_dtype']!r} not exercised: the draft's MLA caches are "
+                     f"{stored or 'unknown'}, not fp8_ds_mla")
     if case.get("target") == "acceptance":
         if rep.get("target_follows_f") is not None and not all(rep["target_follows_f"]):
             p.append(f"the edited target did not follow its permutation: {rep['target_follows_f']} "

@@ -188,7 +188,8 @@ def _sub_call(call: DraftCall, keep: torch.Tensor) -> DraftCall:
 
 
 def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numerics = R.EXACT, *,
-           force_production_topk: bool = True, multi_module: bool = False) -> list[CallReplay]:
+           force_production_topk: bool = True, multi_module: bool = False,
+           kv_cache_dtype: str = "auto") -> list[CallReplay]:
     """The reference over ``calls`` in order (see the module doc); one ``CallReplay`` per call.
 
     The MTP layer of draft step k is the one vLLM's speculator should run, not the
@@ -196,9 +197,10 @@ def replay(cfg: R.MTPConfig, weights: dict, calls: list[DraftCall], num: R.Numer
     single-module ``MTPSpeculator``, k mod n for ``MultiModuleMTPSpeculator``, whose
     every step runs the rows up to ``last_token_indices`` (``multi_module``).
     A call that cannot be replayed (bad metadata, unwritten KV) gets ``error``
-    set and the replay goes on with the next call.
+    set and the replay goes on with the next call. ``kv_cache_dtype``: the engine's
+    ``--kv-cache-dtype`` (the draft KV's storage, ``reference.kv_cache``).
     """
-    cache = R.DraftCache()
+    cache = R.DraftCache(kv_cache_dtype)
     registry = RequestRegistry()
     shards = {j: shard_all(cfg, layer_weights(weights, j), 1, "tp") for j in range(cfg.num_mtp_layers)}
     shared_rows = None

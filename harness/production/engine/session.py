@@ -96,6 +96,7 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
         disable_log_stats=False,  # LLM.get_metrics() (vLLM's spec-decode counters) needs stat logging
         seed=case.seed,
         speculative_config={"method": "mtp", "num_speculative_tokens": case.num_speculative_tokens},
+        kv_cache_dtype=case.kv_cache_dtype,  # "fp8": fp8_ds_mla rows on the sparse layers
     )
 
 
@@ -342,6 +343,7 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     if case.graphs and "MultiModule" in type(prop).__name__:
         raise RuntimeError(f"graph mode is judged for single-module MTP speculators; vLLM picked {type(prop).__name__}")
     log("MTP layers run:", base["runner"]["mtp_layers_run"])
+    base["kv_cache"] = kv_cache_facts(draft)
     base["sharing"] = sharing_facts(draft, target)
     log("engine:", json.dumps(base["runner"]), "sharing:", json.dumps(base["sharing"]))
     # graphs were captured while the engine was built: what is loaded or edited from here on must
@@ -360,6 +362,13 @@ def build_session(case: EngineCase, *, log=print) -> dict:
                                f"{len(moved)} tensor(s) ({', '.join(moved[:4])}): the graphs read the old ones")
     return {"case": case, "cfg": cfg, "weights": weights, "plan": plan, "llm": llm, "proposer": prop,
             "draft": draft, "target": target, "base": base, "build_s": build_s}
+
+
+def kv_cache_facts(draft) -> dict[str, str | None]:
+    """{draft attention module: the KV cache dtype its MLA layer stores} (``fp8_ds_mla`` where the
+    engine was asked for fp8 and vLLM promoted it): the proof a case ran the cache it names."""
+    return {name: getattr(m.mla_attn, "kv_cache_dtype", None)
+            for name, m in draft.named_modules() if hasattr(m, "mla_attn")}
 
 
 def _param_addresses(draft, target) -> dict[str, int]:

@@ -58,16 +58,19 @@ class ProductionSession:
     def __init__(self, hf_config: dict, *, num_speculative_tokens: int = 3,
                  device: str | torch.device = "cuda", max_model_len: int = 1024,
                  max_num_batched_tokens: int = 1024, max_num_seqs: int = 16,
-                 tensor_parallel_size: int = 1, rank: int = 0, init_method: str | None = None) -> None:
+                 tensor_parallel_size: int = 1, rank: int = 0, init_method: str | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         """``tensor_parallel_size`` > 1: this process is ``rank`` of that TP group
-        (``device`` its GPU, ``init_method`` shared by all ranks; see ``multigpu.py``)."""
+        (``device`` its GPU, ``init_method`` shared by all ranks; see ``multigpu.py``).
+        ``kv_cache_dtype``: vLLM's ``--kv-cache-dtype`` ("fp8": the sparse MLA layer stores the
+        packed fp8_ds_mla rows, and each step's rows are recorded as ``attn.kv_cache_rows``)."""
         self.hf_config = dict(hf_config)
         self.device = torch.device(device)
         extra = {"tensor_parallel_size": int(tensor_parallel_size)} if tensor_parallel_size > 1 else None
         self.vllm_config = build_vllm_config(
             self.hf_config, num_speculative_tokens=num_speculative_tokens,
             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, extra_engine_args=extra)
+            max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, extra_engine_args=extra)
         build.init_distributed(self.vllm_config, self.device, world_size=int(tensor_parallel_size),
                                rank=int(rank), init_method=init_method)
         run_hooks.fire("vllm_imported")  # e.g. the start-up GC pause ends: the model is built after it
@@ -155,6 +158,10 @@ class ProductionSession:
                     logits = model.compute_logits(h[rows])
                 tok = logits.argmax(dim=-1)
                 trace = rec.trace
+                if record:
+                    rows = packed_cache_rows(layers, cam.slot_mapping)
+                    if rows is not None:
+                        trace["attn.kv_cache_rows"] = rows
                 trace["logits"] = logits.detach().float().cpu()
                 trace["draft_token"] = tok.detach().cpu()
                 out[f"step{k}.input_ids"] = ids.clone()
@@ -176,6 +183,22 @@ class ProductionSession:
             if self.index_topk is not None and hasattr(model.model, "set_skip_topk"):
                 model.model.set_skip_topk(False)
         return out
+
+
+def packed_cache_rows(layers: list, slot_mapping: torch.Tensor) -> torch.Tensor | None:
+    """The packed rows (uint8 [T, bytes]: fp8_ds_mla's 656) the step wrote at ``slot_mapping`` into
+    the first MLA layer's cache that holds packed rows (MTP layer 0: the proposer runs it every
+    step), copied to the CPU; None for a bf16 cache. The rows are read after the forward: what
+    the kernels of the next step (and this step's attention) read."""
+    for dl in layers:
+        if not getattr(dl.spec, "state_content_bytes", None) or not hasattr(dl.layer, "kv_lora_rank"):
+            continue  # a bf16 cache, or the indexer's key cache
+        cache = getattr(dl.layer, "kv_cache", None)
+        if not torch.is_tensor(cache) or cache.dtype != torch.uint8:
+            continue
+        flat = cache.reshape(-1, cache.shape[-1])
+        return flat[slot_mapping.to(flat.device).long()].detach().to("cpu").clone()
+    return None
 
 
 def session_for(hf_config: dict, **kw) -> ProductionSession:

@@ -55,7 +55,8 @@ def run_production_side(case: GpuCase, *, session_kw: dict | None = None, around
     inputs = inputs if inputs is not None else build_inputs(case)
     hf, ckpt, first = inputs.hf_config, inputs.checkpoint, inputs.first
     t0 = time.perf_counter()
-    sess = ProductionSession(hf, num_speculative_tokens=case.steps, **(session_kw or {}))
+    sess = ProductionSession(hf, num_speculative_tokens=case.steps,
+                             **{"kv_cache_dtype": case.kv_cache_dtype, **(session_kw or {})})
     t_build = time.perf_counter() - t0
     sess.load(ckpt, strict=not case.known_audit)
     unquantized = check_expected_unquantized(case, sess.model)

@@ -69,7 +69,8 @@ def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
             cfg = R.MTPConfig.from_hf_dict(hf)
             first = R.make_case(cfg, case.seed, case.requests, case.tokens)
             sess = ProductionSession(hf, num_speculative_tokens=case.steps, device=dev,
-                                     tensor_parallel_size=world, rank=rank, init_method=init_method)
+                                     tensor_parallel_size=world, rank=rank, init_method=init_method,
+                                     kv_cache_dtype=case.kv_cache_dtype)
             sess.load(ckpt, strict=not case.known_audit)
             prod = sess.run(first, case.steps)
             torch.cuda.synchronize(dev)

@@ -171,13 +171,15 @@ def replay_reference(case: GpuCase, hf: dict, cfg: R.MTPConfig, weights: dict, p
     dev = reference_device()
     # weights moved once for the replays (.to on a moved tensor is a no-op)
     wdev = weights if dev == "cpu" else {k: v.to(dev) for k, v in weights.items()}
-    ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev)
+    kv = case.kv_cache_dtype
+    ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev, kv_cache_dtype=kv)
     # production numerics: bf16 storage, twice-rounded RMSNorm, bf16 RoPE tables and, for FP8
     # cases, the activation quantization of the FP8 GEMMs (fp8_emulation.production_numerics)
     prod_weights, prod_num = production_numerics(case, weights)
     # (the FP8 emulation's numerics are CPU-tested only: FP8 cases replay them on the CPU)
-    ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num, device=dev if case.quant == "bf16" else "cpu")
-    free, regime_values = regimes.measure_draft(cfg, weights, first, case.steps, hf)
+    ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num, device=dev if case.quant == "bf16" else "cpu",
+                   kv_cache_dtype=kv)
+    free, regime_values = regimes.measure_draft(cfg, weights, first, case.steps, hf, kv_cache_dtype=kv)
     if isinstance(free, R.UnwrittenKVError):  # reference cycles MTP layers: layer k>0 has no KV context
         free_tokens = f"reference.draft cannot run: {free}"
     else:
@@ -212,6 +214,33 @@ def comparable(prod: dict, ref: dict, ref_p: dict, cfg: R.MTPConfig) -> tuple[di
             prod_cmp[key] = torch.where(nan, ref[key].double(), prod_cmp[key].double())
     _normalise_scores(ref)
     return _sort_routing(prod_cmp), _sort_routing(ref), _sort_routing(ref_p)
+
+
+def derive_kv_cache(case: GpuCase, prod_cmp: dict, ref: dict, ref_p: dict) -> list[str]:
+    """Step 3b (FP8 KV cache): ``attn.kv_cache`` on every side, from the rows production's cache
+    holds after each step (``attn.kv_cache_rows``, captured by the runner): production's side is
+    those rows read back as the kernels read them (``reference.kv_cache.read_rows``), the
+    reference's is its own writer applied to production's captured ``attn.kv_c`` / ``attn.k_pe``
+    (the cache writer replayed on production's inputs, so the comparison is exact). A case with
+    an FP8 cache whose rows were not captured is judged as missing them. Returns the keys made."""
+    from reference import kv_cache
+
+    if kv_cache.canonical(case.kv_cache_dtype) != "fp8_ds_mla":
+        return []
+    made = []
+    for k in range(case.steps):
+        rows = prod_cmp.pop(f"step{k}.attn.kv_cache_rows", None)
+        kv_c, k_pe = prod_cmp.get(f"step{k}.attn.kv_c"), prod_cmp.get(f"step{k}.attn.k_pe")
+        key = f"step{k}.attn.kv_cache"
+        if kv_c is not None and k_pe is not None:
+            expected = kv_cache.read_rows(kv_cache.pack_rows(kv_c.to(torch.bfloat16), k_pe.reshape(k_pe.shape[0], -1)))
+        else:  # nothing to write the reference's rows from: an empty expectation, never a skipped check
+            expected = torch.empty(0, kv_cache.NOPE + kv_cache.ROPE, dtype=torch.float64)
+        ref[key] = ref_p[key] = expected
+        if rows is not None:
+            prod_cmp[key] = kv_cache.read_rows(rows)
+        made.append(key)
+    return made
 
 
 def mask_routing_ties(prod_cmp: dict, ref: dict, weights: dict, case: GpuCase, first) -> dict:
@@ -250,7 +279,7 @@ def layer_policy(cfg: R.MTPConfig, case: GpuCase, prod: dict, ref: dict, runs: R
     policy: dict = {}
     try:
         cyc = replay(cfg, runs.weights_on_device, prod, first, case.steps, R.EXACT, layer_policy="cycle",
-                     device=runs.device)
+                     device=runs.device, kv_cache_dtype=case.kv_cache_dtype)
     except R.UnwrittenKVError as exc:
         cyc = None
         policy["cycle(k mod n)"] = f"reference cannot replay: {exc}"
@@ -268,7 +297,8 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     ``inputs``: the ``CaseInputs`` production ran on (the side-by-side run passes them down);
     without them (a re-judge of saved traces, a TP run's merged trace) they are made from the
     case (``case_inputs``, cached per case). The reference weights are ``inputs.weights`` (FP8:
-    the exact dequantized checkpoint); tolerances default to ``tolerances_for(case.quant)``.
+    the exact dequantized checkpoint); tolerances default to ``tolerances_for(case.quant,
+    case.kv_cache_dtype)``, and the reference stores its draft KV as ``case.kv_cache_dtype`` does.
     """
     from harness import compare
     from harness.production.verdict.tolerances import tolerances_for
@@ -279,12 +309,13 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
         hf, _, weights = case_inputs(case)
         cfg = R.MTPConfig.from_hf_dict(hf)
         first = R.make_case(cfg, case.seed, case.requests, case.tokens)
-    tols = tolerances if tolerances is not None else tolerances_for(case.quant)
+    tols = tolerances if tolerances is not None else tolerances_for(case.quant, case.kv_cache_dtype)
     prod = dict(prod)
     runs = replay_reference(case, hf, cfg, weights, prod, first)
     ref, ref_p = runs.ref, runs.ref_p
     skipped = skip_unused_topk(info, (prod, ref, ref_p))
     prod_cmp, ref, ref_p = comparable(prod, ref, ref_p, cfg)
+    derive_kv_cache(case, prod_cmp, ref, ref_p)
     ties = mask_routing_ties(prod_cmp, ref, weights, case, first)
     report = compare.compare_traces(prod_cmp, ref, tols, components=PRODUCTION_COMPONENTS)
     prod_tokens = torch.stack([prod[f"step{k}.draft_token"] for k in range(case.steps)], 1).tolist()

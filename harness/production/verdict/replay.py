@@ -49,22 +49,25 @@ def step_with_topk(step, *, share: bool, prod_rows, shared_rows, t: int):
 
 
 def replay(cfg: R.MTPConfig, weights: dict, prod: dict, first: StepInput, steps: int,
-           num: R.Numerics = R.EXACT, *, layer_policy: str = "proposer", device: str | None = None) -> dict:
+           num: R.Numerics = R.EXACT, *, layer_policy: str = "proposer", device: str | None = None,
+           kv_cache_dtype: str = "auto") -> dict:
     """{"step{k}.{component}": tensor} of the reference on production's inputs (on CPU).
 
     layer_policy: "proposer" (MTP layer 0 every step, as vLLM's proposers call
     the model without ``spec_step_idx``) or "cycle" (k mod num_mtp_layers, as
     ``reference.draft`` does). ``device``: where the reference computes (it follows
     its inputs; float64 on a GPU agrees with the CPU to float64 rounding, a GPU test
-    checks it); the result is on the CPU either way.
+    checks it); the result is on the CPU either way. ``kv_cache_dtype``: how the draft's KV is
+    stored (production's ``--kv-cache-dtype``; "fp8": the FP8 ``fp8_ds_mla`` rows, ``reference.kv_cache``).
     """
     if device is not None and device != "cpu":
         weights = {k: v.to(device) for k, v in weights.items()}
         prod = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in prod.items()}
         first = first.to(device)
-        out = replay(cfg, weights, prod, first, steps, num, layer_policy=layer_policy, device=None)
+        out = replay(cfg, weights, prod, first, steps, num, layer_policy=layer_policy, device=None,
+                     kv_cache_dtype=kv_cache_dtype)
         return {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in out.items()}
-    cache = R.DraftCache()
+    cache = R.DraftCache(kv_cache_dtype)
     shards = {j: shard_all(cfg, layer_weights(weights, j), 1, "tp") for j in range(cfg.num_mtp_layers)}
     out: dict = {}
     shared_rows = shared_scores = None
