@@ -9,6 +9,9 @@ OpInfo and ``harness.components``). Every list of cases is derived from ``REGIST
   harness.production.goldens.goldens_gpu.GOLDEN_CASES  kind "module", role "golden"
   harness.production.cases.FP8_CASE_IDS              role "fp8"
   harness.production.cases.MODELOPT_CASE_IDS         role "modelopt"
+  harness.production.cases.CT_CASE_IDS               role "compressed-tensors"
+  harness.production.cases.RELOAD_CASE_IDS           kind "module", role "reload"
+  harness.production.engine.cases.RELOAD_ENGINE_CASES  kind "engine", role "reload"
   harness.production.engine.cases.ENGINE_CASES       kind "engine"
   harness.commands.compare.DEFAULT_BISECT_ENGINE_CASES  kind "engine", role "bisect"
   harness.commands.compare.GRAPH_BISECT_ENGINE_CASES    role "graph-bisect"
@@ -44,6 +47,11 @@ ROLES: Mapping[str, str] = MappingProxyType({
     "graph-bisect": "what bisect-check --graphs adds: the speculator in CUDA graphs, as served",
     "fp8": "block-FP8 checkpoints (quant fp8 / fp8-ue8m0): side_by_side --fp8, the FP8 emulation",
     "modelopt": "ModelOpt FP8_PB_WO checkpoints: side_by_side --modelopt",
+    "compressed-tensors": "compressed-tensors FP8 checkpoints (channel / block weights, an ignore list): "
+                          "side_by_side --compressed-tensors",
+    "reload": "weights updated in place: set A loaded and run, the drafter reloaded through vLLM's layerwise "
+              "reload with set B (every tensor changed), run again and judged against set B; every parameter "
+              "compared with a fresh load of set B (side_by_side --reload, the engine's reload cases)",
     "probe": "configs the SM90 kernels refuse (documenting the constraint; expected to raise); "
              "not among GPU_CASES",
 })
@@ -113,6 +121,16 @@ class GpuCase:
     # module names (``named_modules``) vLLM must build unquantized: the proof that the case
     # went through the config's exclusion path (checked after loading, see side_by_side)
     expect_unquantized: tuple = ()
+    # compressed-tensors: how the ignore list names the MTP modules kept bf16
+    # (``harness.checkpoint.quant.ct_ignore``: "regex" or "checkpoint-names")
+    ct_ignore: str = "regex"
+    # known vLLM gaps the case exists to show: ((substring of the first audit problem, why), ...).
+    # The verdict stays a failure (exit 1, the gap named first); the GPU test asserts it is this one
+    # and that nothing else failed, or that the case passes (vLLM fixed)
+    upstream_gaps: tuple = ()
+    # reload: the seed of weight set B (None: no reload). Set A is ``seed``; the first step's inputs
+    # of each run are made from its set's seed
+    reload_seed: int | None = None
 
     def hf_config(self) -> dict:
         """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
@@ -154,6 +172,10 @@ class EngineCase:
     # ``vllm serve`` uses by default on the installed release (CUDA graphs; vLLM decides whether
     # torch.compile runs), judged through ``graph_tap``
     graphs: bool = False
+    # reload: the seed of the drafter's weight set B (None: no reload). The engine generates with set A
+    # (``seed``), reloads the drafter in place through vLLM's layerwise reload with set B, generates
+    # again and judges that generation against the reference built from set B
+    reload_seed: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +323,35 @@ REGISTRY: tuple[CaseRecord, ...] = (
                      "self_attn.fused_qkv_a_proj", "self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.o_proj",
                      "self_attn.indexer.wq_b", "mlp.gate_up_proj", "mlp.down_proj"))),
          "modelopt"),
+    # compressed-tensors FP8 (quant_method compressed-tensors, no mtp_quant_algo: inherited). The ignore
+    # list in llm-compressor's form (re:.*self_attn\.linear_gate$ ...) matches the draft prefixes as
+    # they are: vLLM keeps the gate bf16 and builds the rest FP8 (CompressedTensorsW8A8Fp8 linears,
+    # the routed experts through the compressed-tensors FP8 MoE method). Channel: one float32 scale per
+    # output row, per-token activations; block: 128x128 scales, per-128-group activations.
+    _mod(GpuCase("tiny-k2-ct-fp8-channel-long", requests=2, tokens=160, steps=2, seed=26,
+                 quant="compressed-tensors-fp8", expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
+         "compressed-tensors"),
+    _mod(GpuCase("tiny-k2-ct-fp8-block-long", requests=2, tokens=160, steps=2, seed=27,
+                 quant="compressed-tensors-fp8-block",
+                 expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
+         "compressed-tensors"),
+    # the ignore list names the MTP modules by their checkpoint names (model.mtp_layers.0.self_attn.linear_gate,
+    # re:model\.mtp_layers\.0\.mlp\.experts\..*): HYV4MTP's remap reads ignored_layers / exclude_modules
+    # only, so vLLM builds the bf16 gate and routed experts FP8 with no scale (the vllm-plugin-das #34 class)
+    _mod(GpuCase("tiny-k2-ct-fp8-mtp-names", steps=2, seed=28, quant="compressed-tensors-fp8",
+                 ct_ignore="checkpoint-names",
+                 expect_unquantized=_MTP0_GATE + ("model.layers.2.mtp_block.mlp.experts.routed_experts",
+                                                  "model.layers.2.shared_head.head"),
+                 upstream_gaps=(("vLLM gap: HYV4MTP._remap_mtp_quant_exclusions reads only ignored_layers",
+                                 "compressed-tensors' ignore is not among _MTP_QUANT_EXCLUSION_ATTRS (mtp.py): "
+                                 "checkpoint-named MTP entries never reach the draft prefixes, so the bf16 "
+                                 "linear_gate and routed experts are built FP8 without a scale"),)),
+         "compressed-tensors"),
+    # weights updated in place: set A (seed) loaded and run, the drafter reloaded with set B
+    # (reload_seed: every stored tensor differs, the sink, expert bias and FP8 scales included) through
+    # vLLM's layerwise reload_weights, run again and judged against set B's reference
+    _mod(GpuCase("tiny-k2-reload", steps=2, seed=41, reload_seed=42), "reload"),
+    _mod(GpuCase("tiny-k2-fp8-reload", steps=2, seed=43, reload_seed=44, quant="fp8"), "reload"),
     # configs the SM90 kernels refuse (kept to document the constraint; expected to raise)
     _mod(GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10), "probe"),
     # "layers" naming with two MTP layers: the loader recognises only
@@ -357,6 +408,13 @@ REGISTRY: tuple[CaseRecord, ...] = (
                     target="acceptance", patterns=("accept", "reject", "alternate"), prompt_lens=(170, 45, 133),
                     graphs=True,
                     expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75)))),
+    # weights updated in place in a running engine: generate with set A (seed), reload the drafter through
+    # vLLM's layerwise reload with set B (reload_seed), generate again, judge that generation against set
+    # B's reference. Dummy target (no acceptance edit: it would tie the draft to set A's embedding/head)
+    _eng(EngineCase("engine-reload-k2", num_speculative_tokens=2, seed=45, reload_seed=46, prompt_lens=(160, 9, 140)),
+         "reload"),
+    _eng(EngineCase("engine-graphs-reload-k2", num_speculative_tokens=2, seed=45, reload_seed=46,
+                    prompt_lens=(160, 9, 140), graphs=True), "reload"),
 )
 
 BY_ID: Mapping[str, CaseRecord] = MappingProxyType({r.id: r for r in REGISTRY})
