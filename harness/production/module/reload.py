@@ -110,8 +110,10 @@ def stale_parameters(after: dict, fresh_b: dict, set_a: dict, bound: dict | None
     return problems, notes
 
 
-def run_reload_case(case, *, session_kw: dict | None = None) -> Verdict:
-    """A reload case side by side (module doc): the combined verdict."""
+def run_reload_case(case, *, session_kw: dict | None = None, plant_withheld: tuple = ()) -> Verdict:
+    """A reload case side by side (module doc): the combined verdict. ``plant_withheld``: a planted
+    reload bug, the set B tensors whose names contain one of these substrings are left out of the
+    reload (their parameters keep set A's values): the verdict must name them."""
     from harness.production.cases import build_inputs, reload_set_b
     from harness.production.module import audit
     from harness.production.module.runner import ProductionSession
@@ -137,7 +139,7 @@ def run_reload_case(case, *, session_kw: dict | None = None) -> Verdict:
     state = {"set_a": snapshot(sess.model)}
     state["bound"] = {n: _bound_source(sess.model, n) for n in bound_impl_tensors(sess.model)}
     t1 = time.perf_counter()
-    sess.reload(inputs_b.checkpoint)
+    sess.reload({k: v for k, v in inputs_b.checkpoint.items() if not any(w in k for w in plant_withheld)})
     state["reload_s"] = time.perf_counter() - t1
     state["after"] = snapshot(sess.model, impl_names=state["bound"])
     # the post-load audit's value checks again (sentinel scales, -inf sink, NaN) on the reloaded model
@@ -157,7 +159,7 @@ def run_reload_case(case, *, session_kw: dict | None = None) -> Verdict:
         first = f"run 2 (set B, after the reload): {verdict_b.first_divergent}"
     details = dict(verdict_b.details)
     details["case"] = dataclasses.asdict(case)
-    details["reload"] = {"path": "vllm.model_executor.model_loader.reload.inplace.reload_weights (layerwise), "
+    details["reload"] = {"planted_withheld": list(plant_withheld), "path": "vllm.model_executor.model_loader.reload.inplace.reload_weights (layerwise), "
                                  "applied to the draft model",
                          "stale": problems, "notes": notes, "bound_impl_tensors": state["bound"],
                          "compared": len(fresh_b), "reload_s": state["reload_s"],
