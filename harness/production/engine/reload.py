@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from harness.exitcodes import CannotJudge, first_line
+
 PUBLIC_PATH_NOTE = ("LLM.collective_rpc('reload_weights') reloads the target model only "
                     "(GPUModelRunner.reload_weights: self.get_model()) in vLLM 0.33.0 and 0.34.0; 0.34.0's "
                     "draft weight updates need a weight_transfer_config backend. The drafter is reloaded "
@@ -111,11 +113,24 @@ def run_reload_engine_case(case, *, log=print, out: str | None = None):
     set_a = _param_snapshot(draft)
     ptrs = _param_addresses(draft, sess["target"])
     hf_b, ckpt_b, weights_b, _ = engine_inputs(case_b)
-    info = reload_drafter(sess["llm"], ckpt_b)
+    try:
+        info = reload_drafter(sess["llm"], ckpt_b)
+    except CannotJudge:
+        raise
+    except Exception as exc:  # vLLM failed to reload what set B holds: a load failure (exit 1), named
+        raise audit.LoadAuditError([f"reload: vLLM's reload_weights raised {exc.__class__.__name__}: "
+                                    f"{first_line(exc)}"]) from exc
     after = _param_snapshot(draft, impl_names)
     stale = unchanged_since_set_a(after, set_a)
-    names = {n for n, _ in draft.named_parameters()}
-    sentinels = [p for p in audit.audit_loaded_model(draft, names, {}, []) if not p.endswith("received no checkpoint value")]
+    stale += [f"{n}: still on the meta device after the reload (never re-materialized)"
+              for n, t in sorted(after.items()) if t.is_meta]
+    names = {n for n, p in draft.named_parameters() if not p.is_meta}
+    try:  # the post-load audit's value checks (sentinel scales, -inf sink, NaN) on the reloaded drafter
+        sentinels = ([p for p in audit.audit_loaded_model(draft, names, {}, [])]
+                     if len(names) == len(list(draft.parameters())) else [])
+    except Exception as exc:  # noqa: BLE001 - e.g. a buffer left on meta: said, not fatal
+        sentinels = [f"the post-load audit could not read the reloaded drafter: {exc.__class__.__name__}: "
+                     f"{first_line(exc)}"]
     moved = sorted(k for k, v in _param_addresses(draft, sess["target"]).items() if ptrs.get(k) != v)
     findings = stale + sentinels
     if case.graphs and moved:
@@ -123,7 +138,11 @@ def run_reload_engine_case(case, *, log=print, out: str | None = None):
                      for k in moved]
     log("reload:", f"{info}; {len(set_a)} tensors, {len(stale)} stale, moved {len(moved)}", findings[:4])
     sess["case"], sess["weights"], sess["cfg"] = case_b, weights_b, R.MTPConfig.from_hf_dict(hf_b)
-    rep = generate_and_judge(sess, out=out, log=log, t0=t0)
+    try:
+        rep = generate_and_judge(sess, out=out, log=log, t0=t0)
+    except Exception as exc:  # the reloaded drafter cannot run: the reload's findings, then why
+        raise audit.LoadAuditError([f"reload: {f}" for f in findings] + [
+            f"run 2 (after the reload) raised {exc.__class__.__name__}: {first_line(exc)}"]) from exc
     rep["reload"] = {"path": PUBLIC_PATH_NOTE, **info, "findings": findings, "moved": moved,
                      "bound_impl_tensors": impl_names, "compared": len(set_a),
                      "run_a": {"passed": rep_a["passed"], "problems": rep_a["problems"][:8],

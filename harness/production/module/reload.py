@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from harness.exitcodes import CannotJudge, first_line
 from harness.verdict import Verdict
 
 # A parameter recomputed from others at process time (the absorbed MLA W_UK_T / W_UV from kv_b_proj)
@@ -31,7 +32,8 @@ RECOMPUTE_RTOL = 2.0 ** -7
 
 
 def _key(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu").clone()
+    """A CPU copy (a tensor left on the meta device stays there: it has no values to copy)."""
+    return t.detach() if t.is_meta else t.detach().to("cpu").clone()
 
 
 def snapshot(model, impl_names=None) -> dict[str, torch.Tensor]:
@@ -67,8 +69,8 @@ def bound_impl_tensors(model) -> dict[str, torch.Tensor]:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equal (NaN == NaN), any dtype."""
-    if a.shape != b.shape or a.dtype != b.dtype:
+    """Bitwise equal (NaN == NaN), any dtype; a meta tensor equals nothing."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.is_meta or b.is_meta:
         return False
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
@@ -92,6 +94,9 @@ def stale_parameters(after: dict, fresh_b: dict, set_a: dict, bound: dict | None
             continue
         if got is None:
             problems.append(f"{name}: not in the model after the reload")
+            continue
+        if got.is_meta:
+            problems.append(f"{name}: still on the meta device after the reload (never re-materialized)")
             continue
         if _same(got, b):
             continue
@@ -139,18 +144,32 @@ def run_reload_case(case, *, session_kw: dict | None = None, plant_withheld: tup
     state = {"set_a": snapshot(sess.model)}
     state["bound"] = {n: _bound_source(sess.model, n) for n in bound_impl_tensors(sess.model)}
     t1 = time.perf_counter()
-    sess.reload({k: v for k, v in inputs_b.checkpoint.items() if not any(w in k for w in plant_withheld)})
+    try:
+        sess.reload({k: v for k, v in inputs_b.checkpoint.items() if not any(w in k for w in plant_withheld)})
+    except CannotJudge:
+        raise
+    except Exception as exc:  # vLLM failed to reload what set B holds: a load failure (exit 1), named
+        raise audit.LoadAuditError([f"reload: vLLM's reload_weights raised {exc.__class__.__name__}: "
+                                    f"{first_line(exc)}"]) from exc
     state["reload_s"] = time.perf_counter() - t1
     state["after"] = snapshot(sess.model, impl_names=state["bound"])
+    problems, notes = stale_parameters(state["after"], fresh_b, state["set_a"], state["bound"])
     # the post-load audit's value checks again (sentinel scales, -inf sink, NaN) on the reloaded model
-    names = {n for n, _ in sess.model.named_parameters()}
-    audit_after = [p for p in audit.audit_loaded_model(sess.model, names, {}, [])]
-    state["trace_b"] = sess.run(inputs_b.first, case.steps)
-    torch.cuda.synchronize()
+    live = {n for n, p in sess.model.named_parameters() if not p.is_meta}
+    try:
+        if len(live) == len(list(sess.model.parameters())):
+            problems += [f"after the reload: {p}" for p in audit.audit_loaded_model(sess.model, live, {}, [])]
+    except Exception as exc:  # noqa: BLE001 - e.g. a buffer left on meta: said, not fatal
+        problems.append(f"the post-load audit could not read the reloaded model: {exc.__class__.__name__}: "
+                        f"{first_line(exc)}")
+    try:
+        state["trace_b"] = sess.run(inputs_b.first, case.steps)
+        torch.cuda.synchronize()
+    except Exception as exc:  # the reloaded model cannot run: the reload's findings, then why
+        raise audit.LoadAuditError([f"reload: {p}" for p in problems] + [
+            f"run 2 (after the reload) raised {exc.__class__.__name__}: {first_line(exc)}"]) from exc
     info_b = {**info, "step_notes": [dataclasses.asdict(n) for n in sess.notes]}
     verdict_a = judge(case_a, prod_a, info, inputs=inputs_a)
-    problems, notes = stale_parameters(state["after"], fresh_b, state["set_a"], state["bound"])
-    problems += [f"after the reload: {p}" for p in audit_after]
     verdict_b = judge(case_b, state["trace_b"], info_b, inputs=inputs_b)
     first = (None if verdict_a.passed else f"run 1 (set A): {verdict_a.first_divergent}")
     if first is None and problems:
