@@ -15,6 +15,7 @@ OpInfo and ``harness.components``). Every list of cases is derived from ``REGIST
   harness.production.engine.cases.ENGINE_CASES       kind "engine"
   harness.commands.compare.DEFAULT_BISECT_ENGINE_CASES  kind "engine", role "bisect"
   harness.commands.compare.GRAPH_BISECT_ENGINE_CASES    role "graph-bisect"
+  harness.commands.compare.CT_BISECT_CASES / RELOAD_BISECT_CASES  roles "ct-bisect" / "reload-bisect"
 
 A record is the case's id, its kind, its roles, the regimes it is chosen for and its parameters
 (``spec``: a ``Case``, ``GpuCase`` or ``EngineCase``, the per-kind payload the runners read).
@@ -45,6 +46,8 @@ ROLES: Mapping[str, str] = MappingProxyType({
               "judged against the reference only)",
     "bisect": "bisect-check's default set (engine cases first, then the side-by-side cases)",
     "graph-bisect": "what bisect-check --graphs adds: the speculator in CUDA graphs, as served",
+    "ct-bisect": "what bisect-check --compressed-tensors adds (judged against the reference; no production golden)",
+    "reload-bisect": "what bisect-check --reload adds (judged against the reference; no production golden)",
     "fp8": "block-FP8 checkpoints (quant fp8 / fp8-ue8m0): side_by_side --fp8, the FP8 emulation",
     "modelopt": "ModelOpt FP8_PB_WO checkpoints: side_by_side --modelopt",
     "compressed-tensors": "compressed-tensors FP8 checkpoints (channel / block weights, an ignore list): "
@@ -330,7 +333,7 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # output row, per-token activations; block: 128x128 scales, per-128-group activations.
     _mod(GpuCase("tiny-k2-ct-fp8-channel-long", requests=2, tokens=160, steps=2, seed=26,
                  quant="compressed-tensors-fp8", expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
-         "compressed-tensors"),
+         "compressed-tensors", "ct-bisect"),
     _mod(GpuCase("tiny-k2-ct-fp8-block-long", requests=2, tokens=160, steps=2, seed=27,
                  quant="compressed-tensors-fp8-block",
                  expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
@@ -350,7 +353,7 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # weights updated in place: set A (seed) loaded and run, the drafter reloaded with set B
     # (reload_seed: every stored tensor differs, the sink, expert bias and FP8 scales included) through
     # vLLM's layerwise reload_weights, run again and judged against set B's reference
-    _mod(GpuCase("tiny-k2-reload", steps=2, seed=41, reload_seed=42), "reload"),
+    _mod(GpuCase("tiny-k2-reload", steps=2, seed=41, reload_seed=42), "reload", "reload-bisect"),
     _mod(GpuCase("tiny-k2-fp8-reload", steps=2, seed=43, reload_seed=44, quant="fp8"), "reload"),
     # configs the SM90 kernels refuse (kept to document the constraint; expected to raise)
     _mod(GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10), "probe"),

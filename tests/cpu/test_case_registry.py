@@ -44,6 +44,8 @@ def test_every_derived_list_keeps_its_ids_and_order():
     assert tuple(eng.ENGINE_CASES) == ENGINE
     assert compare.DEFAULT_BISECT_ENGINE_CASES == ("engine-accept-k3-share", "engine-accept-k2-two-layers")
     assert compare.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share",)
+    assert compare.CT_BISECT_CASES == ("tiny-k2-ct-fp8-channel-long",)
+    assert compare.RELOAD_BISECT_CASES == ("tiny-k2-reload",)
     # the registry lists every case once: the reference, module (GPU then probe) and engine cases
     assert reg.ids() == reference + GPU + tuple(prod.PROBE_CASES) + ENGINE
 
