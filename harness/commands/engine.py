@@ -204,6 +204,10 @@ def _print_verdict(title: str, rep: dict) -> int:
     gap = upstream_gap(rep)
     if gap is not None and problems:
         print("   known vLLM gap:", gap[2])
+    if rep.get("reload"):  # weights updated in place between two generations (engine/reload.py)
+        r = rep["reload"]
+        print(f"   reload: {r.get('reload_s', float('nan')):.2f} s, {r['compared']} tensors compared, "
+              f"findings {r['findings'][:4]}, run 1 (set A) {'PASS' if r['run_a']['passed'] else 'FAIL'}")
     print("   counts:", json.dumps(rep["counts"]))
     if rep.get("acceptance"):
         print("   acceptance as vLLM counts it (accepted/drafted per request; over every verify step):",
