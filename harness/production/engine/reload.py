@@ -62,14 +62,28 @@ def reload_drafter(llm, ckpt: dict) -> dict:
     from harness.production.module.checkpoint_cast import cast_for_vllm
 
     ckpt = cast_for_vllm(ckpt)
-    try:
-        return llm.collective_rpc(_reload_draft_in_worker, args=(ckpt,))[0]
-    except TypeError:  # a release whose collective_rpc takes no callable arguments: the worker directly
-        runner = model_runner(llm)
+    started: list = []
 
-        class _W:
-            model_runner = runner
-        return _reload_draft_in_worker(_W, ckpt)
+    def in_worker(worker, ckpt):
+        started.append(True)
+        return _reload_draft_in_worker(worker, ckpt)
+
+    try:
+        out = llm.collective_rpc(in_worker, args=(ckpt,))[0]
+        out["via"] = "LLM.collective_rpc (a callable in the worker)"
+        return out
+    except Exception:
+        if started:  # the reload itself failed: that is the finding
+            raise
+    # the RPC never reached the worker (a release whose collective_rpc takes no callable with
+    # arguments): the in-process worker's model runner directly, as ``session.model_runner`` does
+    runner = model_runner(llm)
+
+    class _W:
+        model_runner = runner
+    out = _reload_draft_in_worker(_W, ckpt)
+    out["via"] = "the in-process worker's model runner (collective_rpc refused the callable)"
+    return out
 
 
 def unchanged_since_set_a(after: dict, set_a: dict) -> list[str]:
