@@ -3,7 +3,7 @@
     set A (``case.seed``) loaded -> K draft steps, judged against set A's reference
     -> the draft reloaded in place with set B (``case.reload_seed``) through vLLM's layerwise
        ``reload_weights`` (``ProductionSession.reload``)
-    -> every parameter and buffer, and every tensor an attention impl bound from a parameter at
+    -> every parameter, and every tensor an attention impl bound from a parameter at
        build time (the learnable sink reaches the kernels that way), compared with a fresh load of
        set B: one still holding set A's value is stale, named
     -> K draft steps on set B's inputs, judged against set B's reference.
@@ -37,11 +37,12 @@ def _key(t: torch.Tensor) -> torch.Tensor:
 
 
 def snapshot(model, impl_names=None) -> dict[str, torch.Tensor]:
-    """{name: CPU copy} of every parameter and buffer of ``model``, plus every tensor attribute of
-    an attention ``impl`` that shares storage with a parameter (``<module>.impl.<attr>``), or, with
-    ``impl_names``, those impl attributes whatever they share (after a reload that re-allocated a
-    parameter the impl still holds the old tensor: that is what is judged)."""
-    out = {name: _key(t) for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    """{name: CPU copy} of every parameter of ``model``, plus every tensor attribute of an attention
+    ``impl`` that shares storage with a parameter (``<module>.impl.<attr>``), or, with ``impl_names``,
+    those impl attributes whatever they share (after a reload that re-allocated a parameter the impl
+    still holds the old tensor: that is what is judged). Buffers are left out: some are scratch a
+    forward writes (they would differ from a fresh load for no fault of the reload)."""
+    out = {name: _key(t) for name, t in model.named_parameters()}
     if impl_names is None:
         out.update({name: _key(t) for name, t in bound_impl_tensors(model).items()})
         return out
