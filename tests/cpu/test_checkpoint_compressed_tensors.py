@@ -364,3 +364,20 @@ def test_vllm_builds_the_checkpoint_named_ignores_quantized_and_the_audit_names_
     unloaded = [f"{n}: received no checkpoint value" for n in d["unloaded"]
                 if n.rsplit(".", 1)[1] not in ("k_scale", "v_scale", "q_scale", "prob_scale")]
     assert unloaded and unexplained_by_gaps(problems + unloaded) == []
+
+
+def test_synth_command_writes_set_a_and_set_b_and_refuses_fused_experts(tmp_path, capsys):
+    """``synth --quant compressed-tensors-fp8``: two seeds of one config are a reload case's sets A and B
+    (every stored tensor differs); fused experts are bad input (exit 2, one line naming the flags)."""
+    from harness.cli import main
+
+    for seed in (0, 1):
+        assert main(["synth", str(tmp_path / f"set{seed}"), "--quant", CHANNEL, "--ct-ignore", "checkpoint-names",
+                     "--seed", str(seed), "--no-index"]) == 0
+    a, b = (load_file(str(tmp_path / f"set{s}" / "model.safetensors")) for s in (0, 1))
+    assert sorted(a) == sorted(b) and not any(torch.equal(a[n].view(torch.uint8), b[n].view(torch.uint8)) for n in a)
+    assert json.loads((tmp_path / "set0" / "config.json").read_text())["quantization_config"]["ignore"][1] == GATE
+    capsys.readouterr()
+    assert main(["synth", str(tmp_path / "fused"), "--quant", BLOCK, "--experts", "fused"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--experts fused" in err[0], err
