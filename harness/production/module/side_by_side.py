@@ -35,7 +35,7 @@ import torch
 from harness.atomic import atomic_write_json
 from harness.production.cases import (CT_CASE_IDS, FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES,
                                       RELOAD_CASE_IDS, CaseInputs, GpuCase, _case_from_dict, build_inputs,
-                                      case_inputs)
+                                      case_inputs, reload_set_b)
 from harness.production.verdict.judge import judge
 from harness.verdict import Verdict
 
@@ -239,6 +239,8 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
             worst = max(worst, 1)
             continue
         case = _case_from_dict(entry["case"])
+        if case.reload_seed is not None:  # a reload case saves its second run's trace: set B's
+            case = reload_set_b(case)
         info = {k: entry.get(k) for k in ("audit", "attach_notes", "step_notes", "fp8_kernels")
                 if entry.get(k) is not None}
         info["timing_s"] = {}
