@@ -381,3 +381,26 @@ def test_synth_command_writes_set_a_and_set_b_and_refuses_fused_experts(tmp_path
     assert main(["synth", str(tmp_path / "fused"), "--quant", BLOCK, "--experts", "fused"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--experts fused" in err[0], err
+
+
+def test_case_records_round_trip_and_the_gap_is_matched_on_the_first_problem():
+    """A saved report's case dict comes back as the case (nested upstream_gaps, reload_seed), a reload
+    case's saved trace is judged as set B, and ``upstream_gap_of`` reads only the first problem."""
+    import dataclasses
+
+    from harness.production.cases import GPU_CASES, _case_from_dict, reload_set_b
+    from harness.production.module.side_by_side import upstream_gap_of
+
+    for cid in ("tiny-k2-ct-fp8-mtp-names", "tiny-k2-fp8-reload"):
+        case = GPU_CASES[cid]
+        assert _case_from_dict(json.loads(json.dumps(dataclasses.asdict(case)))) == case
+    b = reload_set_b(GPU_CASES["tiny-k2-fp8-reload"])
+    assert (b.seed, b.reload_seed, b.quant) == (44, None, "fp8")
+    with pytest.raises(ValueError, match="not a reload case"):
+        reload_set_b(GPU_CASES["tiny-k1"])
+    gap_case = GPU_CASES["tiny-k2-ct-fp8-mtp-names"]
+    hf, _ = _ct_hf("checkpoint-names")
+    from harness.production.module.audit import quant_method_problems
+    problems = quant_method_problems(hf, {_DRAFT_GATE: "CompressedTensorsLinearMethod"})
+    assert upstream_gap_of(gap_case, problems) == gap_case.upstream_gaps[0]
+    assert upstream_gap_of(gap_case, ["x: contains NaN", *problems]) is None
