@@ -26,8 +26,9 @@ from harness.exitcodes import CannotJudge, first_line
 from harness.verdict import Verdict
 
 # A parameter recomputed from others at process time (the absorbed MLA W_UK_T / W_UV from kv_b_proj)
-# may round differently between two loads if the kernel order differs: within one bf16 ulp
-# (2^-8 relative, half of bf16's 2^-7 spacing, doubled) it is not a finding
+# may round its last bit the other way between two loads if a kernel's summation order differs:
+# bf16 keeps 8 significant bits, so neighbouring values are at most 2^-7 apart relatively. Within
+# that of a fresh load it is a note, not a finding (a stale value differs by set A vs set B, O(1))
 RECOMPUTE_RTOL = 2.0 ** -7
 
 
