@@ -168,6 +168,8 @@ def validate_args(command: str, args) -> None:
             check.seed("--seed", args.seed)
         if isinstance(_case_for(args), str) and args.tp != 1:
             raise CLIError(f"--tp {args.tp}: applies to side-by-side cases; engine case {args.ckpt} runs at TP = 1")
+        if args.tp != 1 and getattr(_case_for(args), "reload_seed", None) is not None:
+            raise CLIError(f"--tp {args.tp}: reload case {args.ckpt} runs at TP = 1 (its reload is one process's)")
     elif command == "bisect_command":
         from harness.production.engine.cases import ENGINE_CASES
         from harness.production.cases import GPU_CASES
