@@ -9,9 +9,13 @@ OpInfo and ``harness.components``). Every list of cases is derived from ``REGIST
   harness.production.goldens.goldens_gpu.GOLDEN_CASES  kind "module", role "golden"
   harness.production.cases.FP8_CASE_IDS              role "fp8"
   harness.production.cases.MODELOPT_CASE_IDS         role "modelopt"
+  harness.production.cases.CT_CASE_IDS               role "compressed-tensors"
+  harness.production.cases.RELOAD_CASE_IDS           kind "module", role "reload"
+  harness.production.engine.cases.RELOAD_ENGINE_CASES  kind "engine", role "reload"
   harness.production.engine.cases.ENGINE_CASES       kind "engine"
   harness.commands.compare.DEFAULT_BISECT_ENGINE_CASES  kind "engine", role "bisect"
   harness.commands.compare.GRAPH_BISECT_ENGINE_CASES    role "graph-bisect"
+  harness.commands.compare.CT_BISECT_CASES / RELOAD_BISECT_CASES  roles "ct-bisect" / "reload-bisect"
 
 A record is the case's id, its kind, its roles, the regimes it is chosen for and its parameters
 (``spec``: a ``Case``, ``GpuCase`` or ``EngineCase``, the per-kind payload the runners read).
@@ -42,9 +46,16 @@ ROLES: Mapping[str, str] = MappingProxyType({
               "judged against the reference only)",
     "bisect": "bisect-check's default set (engine cases first, then the side-by-side cases)",
     "graph-bisect": "what bisect-check --graphs adds: the speculator in CUDA graphs, as served",
+    "ct-bisect": "what bisect-check --compressed-tensors adds (judged against the reference; no production golden)",
+    "reload-bisect": "what bisect-check --reload adds (judged against the reference; no production golden)",
     "fp8": "block-FP8 checkpoints (quant fp8 / fp8-ue8m0): side_by_side --fp8, the FP8 emulation",
     "modelopt": "ModelOpt FP8_PB_WO checkpoints: side_by_side --modelopt",
     "fp8-kv": "served with an FP8 KV cache (kv_cache_dtype fp8: fp8_ds_mla rows on the sparse layers)",
+    "compressed-tensors": "compressed-tensors FP8 checkpoints (channel / block weights, an ignore list): "
+                          "side_by_side --compressed-tensors",
+    "reload": "weights updated in place: set A loaded and run, the drafter reloaded through vLLM's layerwise "
+              "reload with set B (every tensor changed), run again and judged against set B; every parameter "
+              "compared with a fresh load of set B (side_by_side --reload, the engine's reload cases)",
     "probe": "configs the SM90 kernels refuse (documenting the constraint; expected to raise); "
              "not among GPU_CASES",
 })
@@ -117,6 +128,16 @@ class GpuCase:
     # vLLM's --kv-cache-dtype: "auto" (bf16) or "fp8" (HY V4's sparse layers store the packed
     # fp8_ds_mla rows; the reference reads the same FP8 latent back: reference.kv_cache)
     kv_cache_dtype: str = "auto"
+    # compressed-tensors: how the ignore list names the MTP modules kept bf16
+    # (``harness.checkpoint.quant.ct_ignore``: "regex" or "checkpoint-names")
+    ct_ignore: str = "regex"
+    # known vLLM gaps the case exists to show: ((substring of the first audit problem, why), ...).
+    # The verdict stays a failure (exit 1, the gap named first); the GPU test asserts it is this one
+    # and that nothing else failed, or that the case passes (vLLM fixed)
+    upstream_gaps: tuple = ()
+    # reload: the seed of weight set B (None: no reload). Set A is ``seed``; the first step's inputs
+    # of each run are made from its set's seed
+    reload_seed: int | None = None
 
     def hf_config(self) -> dict:
         """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
@@ -164,6 +185,10 @@ class EngineCase:
     # vLLM's --kv-cache-dtype for the whole engine (target and draft): "auto" or "fp8"
     # (fp8_ds_mla rows on the sparse layers; the replay reads the FP8 latent back: reference.kv_cache)
     kv_cache_dtype: str = "auto"
+    # reload: the seed of the drafter's weight set B (None: no reload). The engine generates with set A
+    # (``seed``), reloads the drafter in place through vLLM's layerwise reload with set B, generates
+    # again and judges that generation against the reference built from set B
+    reload_seed: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +340,35 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # rows (e4m3 latent, a power-of-two scale per tile of 128, bf16 rope) and the FP8 sparse
     # decode kernel reads them back; contexts (160, 157) longer than index_topk 128
     _mod(GpuCase("tiny-k2-long-fp8kv", requests=2, tokens=160, steps=2, seed=26, kv_cache_dtype="fp8"), "fp8-kv"),
+    # compressed-tensors FP8 (quant_method compressed-tensors, no mtp_quant_algo: inherited). The ignore
+    # list in llm-compressor's form (re:.*self_attn\.linear_gate$ ...) matches the draft prefixes as
+    # they are: vLLM keeps the gate bf16 and builds the rest FP8 (CompressedTensorsW8A8Fp8 linears,
+    # the routed experts through the compressed-tensors FP8 MoE method). Channel: one float32 scale per
+    # output row, per-token activations; block: 128x128 scales, per-128-group activations.
+    _mod(GpuCase("tiny-k2-ct-fp8-channel-long", requests=2, tokens=160, steps=2, seed=26,
+                 quant="compressed-tensors-fp8", expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
+         "compressed-tensors", "ct-bisect"),
+    _mod(GpuCase("tiny-k2-ct-fp8-block-long", requests=2, tokens=160, steps=2, seed=27,
+                 quant="compressed-tensors-fp8-block",
+                 expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
+         "compressed-tensors"),
+    # the ignore list names the MTP modules by their checkpoint names (model.mtp_layers.0.self_attn.linear_gate,
+    # re:model\.mtp_layers\.0\.mlp\.experts\..*): HYV4MTP's remap reads ignored_layers / exclude_modules
+    # only, so vLLM builds the bf16 gate and routed experts FP8 with no scale (the vllm-plugin-das #34 class)
+    _mod(GpuCase("tiny-k2-ct-fp8-mtp-names", steps=2, seed=28, quant="compressed-tensors-fp8",
+                 ct_ignore="checkpoint-names",
+                 expect_unquantized=_MTP0_GATE + ("model.layers.2.mtp_block.mlp.experts.routed_experts",
+                                                  "model.layers.2.shared_head.head"),
+                 upstream_gaps=(("vLLM gap: HYV4MTP._remap_mtp_quant_exclusions reads only ignored_layers",
+                                 "compressed-tensors' ignore is not among _MTP_QUANT_EXCLUSION_ATTRS (mtp.py): "
+                                 "checkpoint-named MTP entries never reach the draft prefixes, so the bf16 "
+                                 "linear_gate and routed experts are built FP8 without a scale"),)),
+         "compressed-tensors"),
+    # weights updated in place: set A (seed) loaded and run, the drafter reloaded with set B
+    # (reload_seed: every stored tensor differs, the sink, expert bias and FP8 scales included) through
+    # vLLM's layerwise reload_weights, run again and judged against set B's reference
+    _mod(GpuCase("tiny-k2-reload", steps=2, seed=41, reload_seed=42), "reload", "reload-bisect"),
+    _mod(GpuCase("tiny-k2-fp8-reload", steps=2, seed=43, reload_seed=44, quant="fp8"), "reload"),
     # configs the SM90 kernels refuse (kept to document the constraint; expected to raise)
     _mod(GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10), "probe"),
     # "layers" naming with two MTP layers: the loader recognises only
@@ -402,6 +456,14 @@ REGISTRY: tuple[CaseRecord, ...] = (
                     expect_rates=(("accept", 0.9, 1.0), ("reject", 0.0, 0.15), ("alternate", 0.25, 0.75)),
                     graph_regimes=("decode_full_graph", "padded_rows", "batch_shrink")),
          "fp8-kv"),
+    # weights updated in place in a running engine: generate with set A (seed), reload the drafter through
+    # vLLM's layerwise reload with set B (reload_seed), generate again, judge that generation against set
+    # B's reference. Dummy target (no acceptance edit: it would tie the draft to set A's embedding/head)
+    _eng(EngineCase("engine-reload-k2", num_speculative_tokens=2, seed=45, reload_seed=46, prompt_lens=(160, 9, 140)),
+         "reload"),
+    _eng(EngineCase("engine-graphs-reload-k2", num_speculative_tokens=2, seed=45, reload_seed=46,
+                    prompt_lens=(160, 9, 140), graphs=True, graph_regimes=("decode_full_graph", "padded_rows")),
+         "reload"),
 )
 
 BY_ID: Mapping[str, CaseRecord] = MappingProxyType({r.id: r for r in REGISTRY})

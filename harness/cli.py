@@ -378,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also judge vLLM's speculator under CUDA graphs as `vllm serve` runs it "
                         "(engine-graphs-accept-k3-share): for a change to graph capture, padding or the "
                         "speculator's lifecycle hooks")
+    b.add_argument("--compressed-tensors", action="store_true",
+                   help="also judge a compressed-tensors channel-FP8 checkpoint (tiny-k2-ct-fp8-channel-long, "
+                        "against the reference): for a change to compressed-tensors loading or its FP8 kernels")
+    b.add_argument("--reload", action="store_true",
+                   help="also judge the drafter's weights updated in place through vLLM's layerwise reload "
+                        "(tiny-k2-reload, against the reference): for a change to reload_weights or to how a "
+                        "parameter reaches its kernels")
     b.add_argument("--allow-unjudged", action="store_true",
                    help="exit 0, not 125, when the judged parts pass but a golden part could not be judged "
                         "(the NOT JUDGED lines stay)")

@@ -330,7 +330,14 @@ TOLERANCES: Mapping[str, dict[str, Tolerance]] = MappingProxyType(_tolerance_tab
 # Checkpoint quantizations whose production GEMMs round as another's do: ModelOpt FP8_PB_WO runs
 # the same 128x128 block-FP8 kernels on float32 block scales with dynamic per-128-group
 # activations as the "fp8" Fp8Config checkpoints (its excluded modules are bf16, as there).
-QUANT_PRECISION: Mapping[str, str] = MappingProxyType({"modelopt-fp8-pb": "fp8"})
+# compressed-tensors block FP8 (block_structure 128x128, dynamic per-128-group activations) runs the
+# same block-FP8 GEMMs. compressed-tensors channel FP8 rounds each weight element once to e4m3
+# against its row's scale and each activation element once against its token's scale (per-token
+# dynamic): e4m3's 2^-4 relative rounding per element, as the block path's per-128 scales give
+# (the synthetic O(1) activations stay far above e4m3's subnormals under a whole-row amax), and no
+# UE8M0 re-quantization of the weights on top, so the "fp8" table bounds it too.
+QUANT_PRECISION: Mapping[str, str] = MappingProxyType({"modelopt-fp8-pb": "fp8", "compressed-tensors-fp8": "fp8",
+                                                       "compressed-tensors-fp8-block": "fp8"})
 
 
 # FP8 KV cache (``kv_cache_dtype`` "fp8": HY V4's sparse layers store vLLM's fp8_ds_mla rows, the

@@ -13,9 +13,11 @@ shorter than its header says are refused before anything is read. Both namings
 (``model.mtp_layers.<i>`` / ``model.layers.<N+i>``), both routed-expert layouts
 (split / fused) and block FP8 (float32 scales, UE8M0 as uint8 bytes, e8m0 or
 power-of-two float32, expert ``.scale`` names; ModelOpt ``FP8_PB_WO`` with 4-D
-``weight_scale``) are accepted, each module in FP8 or bf16 exactly as the
-config's exclusion list (``modules_to_not_convert`` / ``ignored_layers`` /
-``exclude_modules``, wildcards included) says vLLM builds it; FP8 is dequantized
+``weight_scale``; compressed-tensors channel / block FP8 with ``weight_scale``, split experts)
+are accepted, each module in FP8 or bf16 exactly as the config's exclusion list
+(``modules_to_not_convert`` / ``ignored_layers`` / ``exclude_modules``, wildcards included;
+compressed-tensors' ``ignore`` as the checkpoint means it, exact names and ``re:`` patterns)
+says it is stored; FP8 is dequantized
 exactly (e4m3 value x scale in float64). Anything else is a ``CheckpointError``
 naming the file, the tensor and the problem, including checkpoints vLLM 0.33
 would load wrongly or silently incompletely (``strict_vllm``).
@@ -39,13 +41,13 @@ from reference.weights import FP32_PARAMS, layer_shapes, shapes
 
 from .errors import CheckpointError
 from .names import checkpoint_leaf, known_leaves, layer_prefix, parse_layer_name
-from .quant import Fp8Plan, decode_scale, mtp_fp8_plan, vllm_reinterprets_uint8
+from .quant import CT_METHOD, Fp8Plan, decode_scale, mtp_fp8_plan, vllm_reinterprets_uint8
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 SHARED = {"model.embed_tokens.weight": "embed_tokens", "lm_head.weight": "lm_head"}
 
-_SPLIT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv|scale)$")
+_SPLIT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv|weight_scale|scale)$")
 _FUSED = re.compile(r"^mlp\.experts\.(gate_up_proj|down_proj)(|_scale_inv|\.weight_scale_inv|\.scale)$")
 _EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
 # safetensors dtype -> torch dtype (what the reader views a tensor's bytes as)
@@ -573,7 +575,7 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, *, strict_vllm: bool = True) ->
                 raise CheckpointError(rd.path(sname), sname, f"scale named .{sname.rsplit('.', 1)[1]}, but "
                                       f"quantization_config.quant_method {plan.method if plan else None} loads "
                                       f".{suffix} (vLLM would skip it and keep the scale sentinel)")
-            block = plan.block if plan is not None else None
+            block = plan.block_for(*shp) if plan is not None else None
             w, sdt = _read_fp8(rd, wname, sname, shp, block, plan.ue8m0 if plan else False,
                                strict_vllm, leaf == "indexer.wk", cname,
                                plan.scale_shape(*shp) if plan is not None else None)
@@ -703,6 +705,13 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
                               f"({a}) and fused")
     quant = plan is not None and plan.is_quantized(i, "mlp.experts.gate_proj")
     ue8m0 = plan.ue8m0 if plan else False
+    ct = plan is not None and plan.method == CT_METHOD
+    if ct and fused:
+        name = next(iter(fused.values()))
+        raise CheckpointError(rd.path(name), name, "fused routed experts in a compressed-tensors checkpoint: not "
+                              "modelled (compressed-tensors names expert weights and scales per expert: "
+                              "mlp.experts.<e>.<proj>.weight / .weight_scale)")
+    expert_suffix = ".weight_scale" if ct else ".weight_scale_inv"
     shape_of = {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}
 
     def check_dtype(name):
@@ -721,10 +730,14 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
         s = found.get((i, weight_key_canon, "scale", key))
         if quant and s is None:
             raise CheckpointError(listing, (wname + "_scale_inv") if key == ("fused",)
-                                  else wname.removesuffix(".weight") + ".weight_scale_inv",
+                                  else wname.removesuffix(".weight") + expert_suffix,
                                   f"missing: {wname} is FP8 and needs its block scale")
         if not quant and s is not None:
             raise CheckpointError(rd.path(s), s, "a scale for unquantized routed experts")
+        if s is not None and key != ("fused",) and ct != s.endswith(".weight_scale"):
+            raise CheckpointError(rd.path(s), s, f"scale named .{s.rsplit('.', 1)[1]}, but quantization_config."
+                                  f"quant_method {plan.method} loads expert scales named {expert_suffix} "
+                                  "(vLLM would skip it and keep the scale sentinel)")
         return s
 
     if fused or not split:
@@ -787,9 +800,9 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
             if quant:
                 q = _read_e4m3(rd, wname, shape_of[proj])
                 n, k = shape_of[proj]
-                s, sdt = _read_scale(rd, sname, (-(-n // plan.block[0]), -(-k // plan.block[1])),
-                                     ue8m0, strict_vllm)
-                ts[e] = dequantize_block(q, s, plan.block)
+                bl = plan.block_for(n, k)
+                s, sdt = _read_scale(rd, sname, (-(-n // bl[0]), -(-k // bl[1])), ue8m0, strict_vllm)
+                ts[e] = dequantize_block(q, s, bl)
                 srcs += [wname, sname]
             else:
                 ts[e] = _read_plain(rd, wname, shape_of[proj], (_model_dtype(cfg, rd),), f"{cname}[{e}]")
@@ -797,7 +810,7 @@ def _load_experts(rd, found, i, cfg, plan: Fp8Plan | None, strict_vllm, weights,
         weights[cname] = ts
         source[cname] = srcs
         if quant:
-            fp8_src[cname] = Fp8Source(block=plan.block, scale_dtype=sdt)
+            fp8_src[cname] = Fp8Source(block=plan.block_for(*shape_of[proj]), scale_dtype=sdt)
 
 
 def _model_dtype(cfg, rd) -> torch.dtype:

@@ -11,7 +11,7 @@ import argparse
 
 NAMINGS = ("mtp_layers", "layers")
 EXPERT_LAYOUTS = ("split", "fused")
-QUANTS = ("bf16", "fp8", "fp8-ue8m0", "modelopt-fp8-pb")
+QUANTS = ("bf16", "fp8", "fp8-ue8m0", "modelopt-fp8-pb", "compressed-tensors-fp8", "compressed-tensors-fp8-block")
 # quant -> the quantization_config it writes (README "Real checkpoints and quantization configs")
 QUANT_FORMATS = {
     "bf16": "mtp_quant_algo BF16, no quantization_config",
@@ -20,10 +20,19 @@ QUANT_FORMATS = {
     "modelopt-fp8-pb": ("no mtp_quant_algo (the MTP layers inherit the backbone's config) + ModelOpt "
                         "(quant_method modelopt, quant_algo FP8_PB_WO: 128x128 block weights, 4-D "
                         "weight_scale) with exclude_modules (exact names and wildcards)"),
+    "compressed-tensors-fp8": ("no mtp_quant_algo + compressed-tensors (quant_method compressed-tensors, format "
+                               "float-quantized): channel FP8 weights (float32 weight_scale [out, 1]), dynamic "
+                               "per-token FP8 activations, with an ignore list (exact names and re: patterns)"),
+    "compressed-tensors-fp8-block": ("as compressed-tensors-fp8 with block weights (block_structure [128, 128], "
+                                     "weight_scale [ceil(out/128), ceil(in/128)]) and dynamic per-token-group "
+                                     "(128) activations"),
 }
 SCALE_DTYPES = ("auto", "uint8", "float32", "e8m0")
 EXPERT_SCALE_SUFFIXES = ("weight_scale_inv", "scale")
 PRESET_NAMES = ("tiny", "small", "real-dims")
+# compressed-tensors quants -> their weight strategy
+CT_QUANTS = {"compressed-tensors-fp8": "channel", "compressed-tensors-fp8-block": "block"}
+CT_IGNORE_STYLES = ("regex", "checkpoint-names")
 
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,3 +65,8 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the indexer wk in bf16 in FP8 checkpoints (default: FP8 + weight_scale_inv)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR, only one the harness wrote (its .hyv4-harness-written.json "
                         "lists every file in it; anything else there is refused, exit 2)")
+    parser.add_argument("--ct-ignore", choices=CT_IGNORE_STYLES, default="regex",
+                        help="compressed-tensors: how the ignore list names the MTP modules kept bf16: 'regex' "
+                             "(re: patterns matching any layer prefix, as llm-compressor writes them) or "
+                             "'checkpoint-names' (exact checkpoint-named entries and a checkpoint-named re: "
+                             "pattern for the routed experts)")

@@ -51,6 +51,29 @@ ModelOpt (``quantization_config.quant_method: modelopt``, vLLM's ``ModelOptFp8Co
   multiple of 128. The shared LM head (prefix ``lm_head``) is a quantizable
   ``ParallelLMHead`` here. The routed experts always get the per-tensor static
   ``ModelOptFp8MoEMethod`` (weight and input scale per expert).
+
+compressed-tensors (``quantization_config.quant_method: compressed-tensors``, vLLM's
+``CompressedTensorsConfig``; the same in 0.33.0 and 0.34.0):
+
+* Only reached with ``mtp_quant_algo`` missing or ``"NONE"`` (inherited), like ModelOpt.
+* ``config_groups`` map targets (here ``["Linear"]``; the routed experts match through
+  ``_add_fused_moe_to_target_scheme_map``) to a scheme; the harness builds FP8 W8A8 with
+  ``format: float-quantized``: weights static symmetric, ``strategy: channel`` (float32
+  ``weight_scale`` [out, 1], one multiplier per output row) or ``strategy: block`` with
+  ``block_structure [128, 128]`` (``weight_scale`` [ceil(out/128), ceil(in/128)]); input
+  activations dynamic (per token, or per group of 128 for blocks). Scales are named
+  ``weight_scale`` for linears and split experts alike.
+* ``ignore`` lists modules kept unquantized, by the names the checkpoint gives them: an entry is
+  an exact name or ``re:<regex>`` (``re.match``, anchored at the start only). A fused module is
+  ignored when its name matches, else when every shard matches (some-but-not-all is an error);
+  routed experts are matched through ``<prefix>.0.{gate,up,down}_proj`` (all three or none).
+* ``HYV4MTP._remap_mtp_quant_exclusions`` reads ``ignored_layers`` / ``exclude_modules`` only
+  (``_MTP_QUANT_EXCLUSION_ATTRS``), not ``ignore``: vLLM matches the entries against the draft
+  prefixes (``model.layers.<N+i>.``) as they are, so a checkpoint-named MTP entry
+  (``model.mtp_layers.0.self_attn.linear_gate``) never reaches its module. ``Fp8Plan.excluded_by``
+  says what the checkpoint means (an entry matching the module under its checkpoint name or its
+  draft name); ``Fp8Plan.vllm_excluded_by`` what vLLM builds. Where they differ the module is
+  vLLM's gap (``vllm_gap``), named by the post-load audit.
 """
 
 from __future__ import annotations
@@ -64,8 +87,18 @@ from reference.config import MTPConfig
 from reference.fp8 import UE8M0_MAX_BYTE, quantize_block, to_e4m3, ue8m0_decode, ue8m0_encode
 from reference.weights import layer_shapes
 
+import re
+
 DEFAULT_BLOCK = (128, 128)
-from .options import QUANTS
+from .options import CT_QUANTS, QUANTS
+
+CT_METHOD = "compressed-tensors"
+CT_FORMAT = "float-quantized"
+# what vLLM's MTP remap reads (mtp.py _MTP_QUANT_EXCLUSION_ATTRS): why a compressed-tensors ignore
+# entry naming an MTP module by its checkpoint name does not reach the draft
+CT_GAP = ("vLLM gap: HYV4MTP._remap_mtp_quant_exclusions reads only ignored_layers / exclude_modules "
+          "(_MTP_QUANT_EXCLUSION_ATTRS), not compressed-tensors' ignore, so the checkpoint-named entry "
+          "never matches the draft prefix")
 
 
 def quant_of_config(hf: dict) -> str:
@@ -74,6 +107,11 @@ def quant_of_config(hf: dict) -> str:
     algo = str(hf.get("mtp_quant_algo") or "").upper()
     if isinstance(qc, dict) and str(qc.get("quant_method") or "").lower() == "modelopt" and algo in ("", "NONE"):
         return "modelopt-fp8-pb"
+    if isinstance(qc, dict) and str(qc.get("quant_method") or "").lower() == CT_METHOD and algo in ("", "NONE"):
+        groups = qc.get("config_groups") or {}
+        first = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+        strategy = ((first or {}).get("weights") or {}).get("strategy") if isinstance(first, dict) else None
+        return "compressed-tensors-fp8-block" if strategy == "block" else "compressed-tensors-fp8"
     if algo != "FP8":
         return "bf16"
     return "fp8-ue8m0" if (hf.get("quantization_config") or {}).get("scale_fmt") == "ue8m0" else "fp8"
@@ -137,14 +175,20 @@ class Fp8Plan:
     exclusion_key: str = "modules_to_not_convert"
     patterns: tuple[str, ...] = ()
     scale_suffix: str = "weight_scale_inv"
+    # compressed-tensors: "channel" (one scale per output row) or "block"
+    strategy: str = "block"
+    # compressed-tensors: (draft prefix, checkpoint prefix) per MTP layer, ("model.layers.<N+i>.",
+    # "model.mtp_layers.<i>."): an ignore entry means a module under either name
+    aliases: tuple = ()
 
     def is_quantized(self, layer: int, leaf: str) -> bool:
         return leaf in self.quantized.get(layer, frozenset())
 
     def where(self) -> str:
         """The config that decided, for messages."""
-        if self.method == "modelopt":
-            return f"quantization_config.quant_method modelopt, not matched by quantization_config.{self.exclusion_key}"
+        if self.method in ("modelopt", CT_METHOD):
+            return (f"quantization_config.quant_method {self.method}, not matched by "
+                    f"quantization_config.{self.exclusion_key}")
         return f"mtp_quant_algo={self.algo}, not in quantization_config.{self.exclusion_key}"
 
     def excluded_by(self, prefix: str) -> str | None:
@@ -156,12 +200,40 @@ class Fp8Plan:
         proj = prefix.rsplit(".", 1)[-1]
         base = prefix.rsplit(".", 1)[0]
         shards = tuple(f"{base}.{s}" for s in PACKED.get(proj, ()))
+        if self.method == CT_METHOD:
+            for name in (prefix, *self._alias_names(prefix)):
+                hit = match_compressed_tensors(name, list(self.patterns))
+                if hit is not None:
+                    return hit
+            return None
         match = match_modelopt if self.method == "modelopt" else match_fp8config
         return match(prefix, shards, list(self.patterns))
 
+    def vllm_excluded_by(self, prefix: str) -> str | None:
+        """The entry vLLM itself matches for the module at quant prefix ``prefix`` (for
+        compressed-tensors: the draft prefix as it is, no remap; else ``excluded_by``)."""
+        if self.method == CT_METHOD:
+            return match_compressed_tensors(prefix, list(self.patterns))
+        return self.excluded_by(prefix)
+
+    def vllm_gap(self, prefix: str) -> str | None:
+        """Why vLLM builds quantized a module the checkpoint excludes (None where vLLM agrees)."""
+        hit = self.excluded_by(prefix)
+        if hit is None or self.vllm_excluded_by(prefix) is not None:
+            return None
+        return f"{CT_GAP} {prefix} ({hit!r})"
+
+    def _alias_names(self, prefix: str) -> tuple[str, ...]:
+        return tuple(ckpt + prefix[len(draft):] for draft, ckpt in self.aliases if prefix.startswith(draft))
+
+    def block_for(self, n: int, k: int) -> tuple[int, int]:
+        """The (rows, cols) tile one scale covers in an [n, k] weight (channel: one row)."""
+        return (1, k) if self.strategy == "channel" else self.block
+
     def scale_shape(self, n: int, k: int) -> tuple[int, ...]:
         """The stored linear block-scale shape of an [n, k] weight."""
-        ob, ib = -(-n // self.block[0]), -(-k // self.block[1])
+        bn, bk = self.block_for(n, k)
+        ob, ib = -(-n // bn), -(-k // bk)
         return (ob, 1, ib, 1) if self.method == "modelopt" else (ob, ib)
 
 
@@ -210,6 +282,43 @@ def match_modelopt(prefix: str, shards: tuple[str, ...], patterns: list[str]) ->
     return next((p for p in patterns if fnmatch(prefix, p)), None)
 
 
+def _ct_equal_or_regex(value: str, entry: str) -> bool:
+    """compressed-tensors' ``is_equal_or_regex_match``: ``re:<regex>`` is ``re.match`` (anchored at the
+    start, not the end), anything else an exact name."""
+    if entry.startswith("re:"):
+        return re.match(entry[3:], value) is not None
+    return entry == value
+
+
+_EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+def match_compressed_tensors(prefix: str, patterns: list[str]) -> str | None:
+    """``CompressedTensorsConfig``'s ignore rule for the module at ``prefix``: the matching entry or None.
+
+    The name itself, else each shard of a fused module (``PACKED``); routed experts (``...mlp.experts``)
+    by ``<prefix>.0.<proj>`` for gate/up/down. ValueError when some but not all shards (or expert
+    projections) match: vLLM refuses mixed schemes there."""
+    if prefix.endswith(".mlp.experts"):
+        names = [f"{prefix}.0.{p}" for p in _EXPERT_PROJS]
+    else:
+        hit = next((p for p in patterns if _ct_equal_or_regex(prefix, p)), None)
+        if hit is not None:
+            return hit
+        proj = prefix.rsplit(".", 1)[-1]
+        if proj not in PACKED:
+            return None
+        base = prefix.rsplit(".", 1)[0]
+        names = [f"{base}.{s}" for s in PACKED[proj]]
+    hits = [next((p for p in patterns if _ct_equal_or_regex(n, p)), None) for n in names]
+    matched = [h for h in hits if h is not None]
+    if matched and len(matched) != len(hits):
+        parts = ", ".join(f"{n}: {h!r}" for n, h in zip(names, hits))
+        raise ValueError(f"some but not all parts of {prefix} are ignored ({parts}): vLLM refuses a module "
+                         f"whose parts have different schemes")
+    return matched[0] if matched else None
+
+
 def _quantized_leaves(cfg: MTPConfig, plan: Fp8Plan) -> dict[int, frozenset[str]]:
     n = cfg.num_hidden_layers
     quantized: dict[int, frozenset[str]] = {}
@@ -253,6 +362,12 @@ def mtp_fp8_plan(hf: dict, cfg: MTPConfig) -> Fp8Plan | None:
                              "builds the MTP layers an Fp8Config from quantization_config, which never reads "
                              "exclude_modules; drop mtp_quant_algo (or set NONE) to inherit the ModelOpt config")
         return _modelopt_plan(qc, cfg, str(algo))
+    if str(qc.get("quant_method") or "").lower() == CT_METHOD:
+        if up == "FP8":
+            raise ValueError("mtp_quant_algo FP8 with quantization_config.quant_method compressed-tensors: vLLM "
+                             "then builds the MTP layers an Fp8Config from quantization_config, which never "
+                             "reads ignore or config_groups; drop mtp_quant_algo (or set NONE) to inherit it")
+        return _compressed_tensors_plan(qc, cfg, str(algo))
     if up != "FP8" and qc.get("quant_method") != "fp8":
         raise ValueError(f"the MTP layers inherit quantization_config quant_method "
                          f"{qc.get('quant_method')!r}, which the harness does not model")
@@ -319,6 +434,140 @@ def _modelopt_plan(qc: dict, cfg: MTPConfig, algo: str) -> Fp8Plan:
     return plan
 
 
+def _ct_args(qc: dict, key: str, args, want: dict) -> None:
+    """``args`` (a group's weights / input_activations) holds ``want``; ValueError naming the key."""
+    if not isinstance(args, dict):
+        raise ValueError(f"quantization_config.{key} must be an object, got {args!r}")
+    for k, v in want.items():
+        if args.get(k) != v:
+            raise ValueError(f"quantization_config.{key}.{k} is {args.get(k)!r}: the harness models "
+                             f"compressed-tensors FP8 W8A8 with {k} {v!r}")
+
+
+def _compressed_tensors_plan(qc: dict, cfg: MTPConfig, algo: str) -> Fp8Plan:
+    """CompressedTensorsConfig's expectations (see module doc), validating the config."""
+    fmt = qc.get("format")
+    if fmt != CT_FORMAT:
+        raise ValueError(f"quantization_config.format is {fmt!r}: the harness models {CT_FORMAT!r} "
+                         f"(FP8 weights stored as float8_e4m3fn)")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise ValueError(f"quantization_config.config_groups must hold exactly one group (the harness models "
+                         f"one scheme for every quantized module), got {groups!r}"[:300])
+    (gname, group), = groups.items()
+    where = f"config_groups.{gname}"
+    if not isinstance(group, dict) or group.get("targets") != ["Linear"]:
+        raise ValueError(f"quantization_config.{where}.targets must be [\"Linear\"], got "
+                         f"{(group or {}).get('targets') if isinstance(group, dict) else group!r}")
+    if group.get("format") not in (None, CT_FORMAT):
+        raise ValueError(f"quantization_config.{where}.format is {group.get('format')!r}, expected {CT_FORMAT!r}")
+    w = group.get("weights")
+    _ct_args(qc, f"{where}.weights", w, {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False})
+    strategy = w.get("strategy")
+    if strategy not in ("channel", "block"):
+        raise ValueError(f"quantization_config.{where}.weights.strategy is {strategy!r}: the harness models "
+                         f"'channel' and 'block' FP8 weights")
+    if strategy == "block" and w.get("block_structure") != list(DEFAULT_BLOCK):
+        raise ValueError(f"quantization_config.{where}.weights.block_structure is {w.get('block_structure')!r}, "
+                         f"expected {list(DEFAULT_BLOCK)}")
+    act = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True}
+    act.update({"strategy": "token"} if strategy == "channel" else {"strategy": "group", "group_size": DEFAULT_BLOCK[1]})
+    _ct_args(qc, f"{where}.input_activations", group.get("input_activations"), act)
+    if group.get("output_activations") is not None:
+        raise ValueError(f"quantization_config.{where}.output_activations: not modelled; set it to null")
+    if qc.get("kv_cache_scheme") is not None:
+        raise ValueError("quantization_config.kv_cache_scheme: an FP8 KV cache from the checkpoint is not "
+                         "modelled (the harness runs a bf16 cache); set it to null")
+    raw = qc.get("ignore", [])
+    if not isinstance(raw, list):
+        raise ValueError(f"quantization_config.ignore must be a list of strings, got {raw!r}"[:300])
+    for j, entry in enumerate(raw):
+        if not isinstance(entry, str) or not entry:
+            raise ValueError(f"quantization_config.ignore[{j}] must be a non-empty string, got {entry!r}")
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except re.error as exc:
+                raise ValueError(f"quantization_config.ignore[{j}] {entry!r}: not a regular expression ({exc})") from exc
+    n = cfg.num_hidden_layers
+    aliases = tuple((f"model.layers.{n + i}.", f"model.mtp_layers.{i}.") for i in range(cfg.num_mtp_layers))
+    plan = Fp8Plan(block=DEFAULT_BLOCK, ue8m0=False, quantized={}, algo=algo, method=CT_METHOD,
+                   exclusion_key="ignore", patterns=tuple(raw), scale_suffix="weight_scale",
+                   strategy=strategy, aliases=aliases)
+    plan = dataclasses.replace(plan, quantized=_quantized_leaves(cfg, plan))
+    for i in range(cfg.num_mtp_layers):  # what vLLM builds must be buildable too (mixed fused parts)
+        for module, _ in _QUANT_MODULES.values():
+            try:
+                plan.vllm_excluded_by(f"model.layers.{n + i}.{module}")
+            except ValueError as exc:
+                raise ValueError(f"quantization_config.ignore: {exc}") from exc
+    if strategy == "block":
+        shp = layer_shapes(cfg)
+        for i, leaves in plan.quantized.items():
+            bad = sorted(leaf for leaf in leaves if len(shp[leaf]) == 2 and shp[leaf][1] % DEFAULT_BLOCK[1])
+            if bad:
+                raise ValueError(f"block FP8 needs every quantized linear's input dim to be a multiple of "
+                                 f"{DEFAULT_BLOCK[1]}: MTP layer {i}: " + ", ".join(f"{b} {list(shp[b])}" for b in bad))
+    return plan
+
+
+def ct_ignore(cfg: MTPConfig, naming: str, style: str = "regex") -> list[str]:
+    """A synthetic compressed-tensors checkpoint's ``ignore`` list.
+
+    ``lm_head`` by name, then the MTP modules kept bf16: "regex" writes ``re:`` patterns that match
+    any layer prefix (llm-compressor's ``re:.*...$`` form: the attention gate, and as documentation the
+    modules vLLM never quantizes); the routed experts stay FP8. "checkpoint-names" writes each MTP
+    layer's modules by their exact checkpoint names and its routed experts as a checkpoint-named
+    ``re:`` pattern (kept bf16): what vLLM's MTP remap does not translate (``CT_GAP``).
+    """
+    from .names import layer_prefix
+
+    layer = layer_shapes(cfg)
+    out = ["lm_head"]
+    if style == "regex":
+        if "attn.linear_gate" in layer:
+            out.append(r"re:.*self_attn\.linear_gate$")
+        out.append(r"re:.*\.eh_proj$")
+        if "mlp.gate" in layer:
+            out.append(r"re:.*mlp\.gate$")
+        if "indexer.wk" in layer:
+            out.append(r"re:.*self_attn\.indexer\.(wk|weights_proj)$")
+        return out
+    if style != "checkpoint-names":
+        raise ValueError(f"ignore style must be 'regex' or 'checkpoint-names', got {style!r}")
+    for i in range(cfg.num_mtp_layers):
+        p = layer_prefix(cfg, i, naming)
+        if "attn.linear_gate" in layer:
+            out.append(p + "self_attn.linear_gate")
+        if "mlp.experts.gate_proj" in layer:
+            out.append("re:" + re.escape(p + "mlp.experts.") + ".*")
+        out.append(p + "eh_proj")
+        if "mlp.gate" in layer:
+            out.append(p + "mlp.gate")
+        if "indexer.wk" in layer:
+            out += [p + "self_attn.indexer.wk", p + "self_attn.indexer.weights_proj"]
+    return out
+
+
+def ct_quantization_config(cfg: MTPConfig, naming: str, quant: str, ignore_style: str = "regex") -> dict:
+    """The compressed-tensors ``quantization_config`` of a synthetic checkpoint, in the form
+    compressed-tensors writes it (llm-compressor's FP8 dynamic schemes)."""
+    strategy = CT_QUANTS[quant]
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy,
+               "group_size": None, "block_structure": list(DEFAULT_BLOCK) if strategy == "block" else None,
+               "actorder": None, "observer": "minmax", "observer_kwargs": {}}
+    acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True,
+            "strategy": "token" if strategy == "channel" else "group",
+            "group_size": None if strategy == "channel" else DEFAULT_BLOCK[1], "block_structure": None,
+            "actorder": None, "observer": None, "observer_kwargs": {}}
+    return {"quant_method": CT_METHOD, "format": CT_FORMAT, "quantization_status": "compressed",
+            "global_compression_ratio": None, "kv_cache_scheme": None, "sparsity_config": {},
+            "transform_config": {}, "version": "0.12.2",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts,
+                                          "output_activations": None, "format": CT_FORMAT}},
+            "ignore": ct_ignore(cfg, naming, ignore_style)}
+
+
 def modules_to_not_convert(cfg: MTPConfig, naming: str, indexer_wk_bf16: bool) -> list[str]:
     """Checkpoint-named MTP modules a synthetic FP8 checkpoint keeps in bf16."""
     from .names import layer_prefix
@@ -372,7 +621,7 @@ def exclude_modules(cfg: MTPConfig, naming: str, bf16_layers=()) -> list[str]:
 
 
 def quantization_config(cfg: MTPConfig, naming: str, quant: str, indexer_wk_fp8: bool,
-                        bf16_layers=()) -> dict | None:
+                        bf16_layers=(), ct_ignore_style: str = "regex") -> dict | None:
     """``config.json``'s quantization_config for a synthetic checkpoint (None for bf16).
 
     ``bf16_layers`` (modelopt-fp8-pb only): MTP layers excluded whole by a wildcard.
@@ -383,6 +632,8 @@ def quantization_config(cfg: MTPConfig, naming: str, quant: str, indexer_wk_fp8:
         raise ValueError("whole bf16 MTP layers need --quant modelopt-fp8-pb (exclude_modules wildcards)")
     if quant == "bf16":
         return None
+    if quant in CT_QUANTS:
+        return ct_quantization_config(cfg, naming, quant, ct_ignore_style)
     if quant == "modelopt-fp8-pb":
         # the flat config.json form ModelOptFp8Config.from_config reads; no input scales (dynamic
         # per-128-group activations), the KV cache unquantized

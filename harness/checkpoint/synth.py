@@ -6,7 +6,10 @@ in every layout: naming ``mtp_layers`` / ``layers``, experts ``split`` /
 variants hold in block FP8 exactly the modules vLLM 0.33's MTP quantization
 config quantizes (see ``harness.checkpoint.quant``: ``Fp8Config`` +
 ``modules_to_not_convert``, or ModelOpt ``FP8_PB_WO`` + ``exclude_modules`` with
-exact names and wildcards, 4-D ``weight_scale``); the rest stay bf16, with the
+exact names and wildcards, 4-D ``weight_scale``); the compressed-tensors variants
+(``compressed-tensors-fp8`` channel, ``-block``) hold in FP8 what their ``ignore`` list
+does not name (``weight_scale`` per output row or per 128x128 block, split experts
+only); the rest stay bf16, with the
 fp32 exceptions vLLM keeps (router weight, expert bias, sink, indexer k_norm).
 
 The checkpoint holds the MTP layers, ``model.embed_tokens.weight`` and
@@ -33,7 +36,7 @@ from harness.atomic import NotRegularFile, atomic_write_dir, write_errors, write
 
 from .errors import CheckpointError
 from .names import canonical_leaf, parse_layer_name, to_checkpoint
-from .options import EXPERT_LAYOUTS, EXPERT_SCALE_SUFFIXES, NAMINGS, QUANTS, SCALE_DTYPES
+from .options import CT_QUANTS, EXPERT_LAYOUTS, EXPERT_SCALE_SUFFIXES, NAMINGS, QUANTS, SCALE_DTYPES
 from .quant import DEFAULT_BLOCK, encode_scale, quantization_config, quantize_weight, vllm_reinterprets_uint8
 
 
@@ -84,11 +87,13 @@ def _scale_name(name: str, leaf: str, expert_scale_suffix: str, linear_suffix: s
 def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: str = "mtp_layers",
                        experts: str = "split", quant: str = "bf16",
                        expert_scale_suffix: str = "weight_scale_inv", scale_dtype: str = "auto",
-                       indexer_wk_fp8: bool = True, bf16_layers=()) -> tuple[dict, dict[str, torch.Tensor]]:
+                       indexer_wk_fp8: bool = True, bf16_layers=(),
+                       ct_ignore_style: str = "regex") -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json dict, stored tensors) for canonical float64 ``weights``; nothing is written.
 
-    modelopt-fp8-pb keeps the indexer wk in bf16 (``indexer_wk_fp8`` is ignored) and writes no
-    ``mtp_quant_algo`` (the MTP layers inherit the ModelOpt config)."""
+    modelopt-fp8-pb and the compressed-tensors quants keep the indexer wk in bf16
+    (``indexer_wk_fp8`` is ignored) and write no ``mtp_quant_algo`` (the MTP layers inherit the
+    checkpoint's config); ``ct_ignore_style``: ``quant.ct_ignore``'s style."""
     if naming not in NAMINGS:
         raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
     if experts not in EXPERT_LAYOUTS:
@@ -106,12 +111,16 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
     if fp8:
         _check_fp8_dims(cfg)
     modelopt = quant == "modelopt-fp8-pb"
-    if modelopt:
+    ct = quant in CT_QUANTS
+    if ct and experts != "split":
+        raise ValueError(f"--quant {quant} --experts {experts}: compressed-tensors names expert scales per "
+                         "expert (mlp.experts.<e>.<proj>.weight_scale); fused experts are not modelled")
+    if modelopt or ct:
         indexer_wk_fp8 = False
         hf.pop("mtp_quant_algo", None)
     else:
         hf["mtp_quant_algo"] = "FP8" if fp8 else "BF16"
-    qc = quantization_config(cfg, naming, quant, indexer_wk_fp8, bf16_layers)
+    qc = quantization_config(cfg, naming, quant, indexer_wk_fp8, bf16_layers, ct_ignore_style)
     hf.pop("quantization_config", None)
     if qc is not None:
         hf["quantization_config"] = qc
@@ -145,7 +154,7 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
             dtype = torch.float32 if is_fp32_param(f"layers.{layer}.{canon}") else torch.bfloat16
             out[name] = value.to(dtype)
             continue
-        w, s = quantize_weight(value, DEFAULT_BLOCK, ue8m0)
+        w, s = quantize_weight(value, plan.block_for(*value.shape) if plan else DEFAULT_BLOCK, ue8m0)
         sname = _scale_name(name, leaf, expert_scale_suffix, plan.scale_suffix if plan else "weight_scale_inv")
         if modelopt:  # ModelOpt's block scale layout [out_blocks, 1, in_blocks, 1]
             s = s.reshape(s.shape[0], 1, s.shape[1], 1)
@@ -155,12 +164,14 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
         if f"layers.{layer}.mlp.experts.gate_proj" in weights:
             out.update(_expert_tensors(cfg, weights, layer, naming, experts,
                                        plan is not None and plan.is_quantized(layer, "mlp.experts.gate_proj"),
-                                       ue8m0, expert_scale_suffix, store_scale))
+                                       ue8m0, "weight_scale" if ct else expert_scale_suffix, store_scale,
+                                       plan.block_for if plan is not None else None))
     return hf, out
 
 
-def _expert_tensors(cfg, weights, layer, naming, experts, quantized, ue8m0, suffix, store_scale):
-    """One MTP layer's routed-expert checkpoint tensors, built one expert at a time."""
+def _expert_tensors(cfg, weights, layer, naming, experts, quantized, ue8m0, suffix, store_scale, block_for=None):
+    """One MTP layer's routed-expert checkpoint tensors, built one expert at a time (``block_for(n, k)``:
+    the tile one scale covers, default 128x128 blocks)."""
     from .names import layer_prefix
 
     prefix = layer_prefix(cfg, layer, naming)
@@ -171,7 +182,7 @@ def _expert_tensors(cfg, weights, layer, naming, experts, quantized, ue8m0, suff
     def one(w: torch.Tensor):
         if not quantized:
             return w.to(torch.bfloat16), None
-        return quantize_weight(w, DEFAULT_BLOCK, ue8m0)
+        return quantize_weight(w, block_for(*w.shape) if block_for else DEFAULT_BLOCK, ue8m0)
 
     if experts == "split":
         for e in range(n_exp):
@@ -240,7 +251,7 @@ def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[s
                     naming: str = "mtp_layers", experts: str = "split", quant: str = "bf16",
                     shards: int = 1, expert_scale_suffix: str = "weight_scale_inv",
                     scale_dtype: str = "auto", indexer_wk_fp8: bool = True, index: bool = True,
-                    force: bool = False, bf16_layers=()) -> Path:
+                    force: bool = False, bf16_layers=(), ct_ignore_style: str = "regex") -> Path:
     """Write canonical float64 ``weights`` as a HY V4 MTP checkpoint; returns its directory.
 
     ``hf_config`` is the model's config.json dict (``num_nextn_predict_layers``
@@ -255,7 +266,7 @@ def write_synthetic(out_dir: str | os.PathLike, hf_config: dict, weights: dict[s
     hf, tensors = checkpoint_tensors(hf_config, weights, naming=naming, experts=experts, quant=quant,
                                      expert_scale_suffix=expert_scale_suffix,
                                      scale_dtype=scale_dtype, indexer_wk_fp8=indexer_wk_fp8,
-                                     bf16_layers=bf16_layers)
+                                     bf16_layers=bf16_layers, ct_ignore_style=ct_ignore_style)
     return write_tensors(out_dir, hf, tensors, shards=shards, index=index, force=force)
 
 
@@ -297,7 +308,8 @@ def synth_command(args) -> int:
                               expert_scale_suffix=args.expert_scale_suffix,
                               scale_dtype=args.scale_dtype, indexer_wk_fp8=not args.bf16_indexer_wk,
                               index=not args.no_index, force=args.force,
-                              bf16_layers=tuple(args.bf16_mtp_layer or ()))
+                              bf16_layers=tuple(args.bf16_mtp_layer or ()),
+                              ct_ignore_style=args.ct_ignore)
     except NotRegularFile as exc:
         raise write_failure(args.out_dir, exc) from exc
     except (FileExistsError, ValueError, ConfigError, CheckpointError) as exc:

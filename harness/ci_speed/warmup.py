@@ -512,7 +512,11 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
         case = GPU_CASES[cid]
 
         def module_level(case=case):
-            run_production_side(case)  # the side by side's production half; no reference, no verdict
+            try:
+                run_production_side(case)  # the side by side's production half; no reference, no verdict
+            except Exception as exc:  # a case that exists to show a known vLLM gap stops at its load
+                if not (case.upstream_gaps and getattr(exc, "problems", None)):
+                    raise
             torch.cuda.empty_cache()
 
         step(cid, module_level)

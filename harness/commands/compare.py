@@ -40,13 +40,24 @@ DEFAULT_BISECT_CASES = BISECT_CASES
 DEFAULT_BISECT_ENGINE_CASES = case_ids(role="bisect", kind="engine")
 # the speculator as vLLM serves it, in CUDA graphs (role graph-bisect): added by --graphs
 GRAPH_BISECT_ENGINE_CASES = case_ids(role="graph-bisect", kind="engine")
+# the configurations HY V4 is deployed with beyond the default set, each added by its flag (README,
+# "Bisecting"): a compressed-tensors FP8 checkpoint (--compressed-tensors) and the drafter's weights
+# updated in place through vLLM's layerwise reload (--reload). They have no production golden: judged
+# against the reference only, and the run says so
+CT_BISECT_CASES = case_ids(role="ct-bisect", kind="module")
+RELOAD_BISECT_CASES = case_ids(role="reload-bisect", kind="module")
+REFERENCE_ONLY_BISECT_CASES = (*CT_BISECT_CASES, *RELOAD_BISECT_CASES)
 
 
 def bisect_case_ids(args) -> list[str]:
-    """The case ids a bisect-check judges: ``--case`` or the default set, plus ``--graphs``'s."""
+    """The case ids a bisect-check judges: ``--case`` or the default set, plus ``--graphs``'s,
+    ``--compressed-tensors``'s and ``--reload``'s."""
     ids = list(args.case or [*DEFAULT_BISECT_ENGINE_CASES, *DEFAULT_BISECT_CASES])
     if getattr(args, "graphs", False):
         ids = [c for c in GRAPH_BISECT_ENGINE_CASES if c not in ids] + ids
+    for flag, extra in (("compressed_tensors", CT_BISECT_CASES), ("reload", RELOAD_BISECT_CASES)):
+        if getattr(args, flag, False):
+            ids += [c for c in extra if c not in ids]
     return ids
 
 
@@ -157,6 +168,8 @@ def validate_args(command: str, args) -> None:
             check.seed("--seed", args.seed)
         if isinstance(_case_for(args), str) and args.tp != 1:
             raise CLIError(f"--tp {args.tp}: applies to side-by-side cases; engine case {args.ckpt} runs at TP = 1")
+        if args.tp != 1 and getattr(_case_for(args), "reload_seed", None) is not None:
+            raise CLIError(f"--tp {args.tp}: reload case {args.ckpt} runs at TP = 1 (its reload is one process's)")
     elif command == "bisect_command":
         from harness.production.engine.cases import ENGINE_CASES
         from harness.production.cases import GPU_CASES
@@ -430,6 +443,9 @@ def _side_by_side_cases(ids, plant, golden, out: _SideBySide, share: _ThreadShar
         out.verdict = out.verdict if result.passed else EXIT_MISMATCH
         if golden is None:
             out.traces[cid] = result.trace
+            continue
+        if cid in REFERENCE_ONLY_BISECT_CASES:
+            print(f"     {cid}: judged against the reference only (no production golden for this case)")
             continue
         label, root = golden
         report, code, missing = judge_golden(label, cid, result.trace, root)

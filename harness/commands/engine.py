@@ -126,6 +126,7 @@ def _case_failed(title: str, exc: Exception, debug: bool) -> tuple[dict, int]:
 def run_checked(args, mutants) -> int:
     """The engine command once its arguments are checked and production can run here
     (``main``): the sweep, or each case (one process per engine)."""
+    from harness.exitcodes import CLIError
     from harness.production.engine.judge import run_case, run_mutant_sweep, worst_exit_code
 
     out = args.out or os.environ.get("HYV4_REPORT_DIR") or None
@@ -150,7 +151,13 @@ def run_checked(args, mutants) -> int:
     codes = []
     for cid in ids:
         try:
-            rep = run_case(ENGINE_CASES[cid], out=out, mutant=args.mutant).to_report()
+            if ENGINE_CASES[cid].reload_seed is not None:  # weights updated in place (engine/reload.py)
+                if args.mutant:
+                    raise CLIError(f"--case {cid} --mutant: a reload case takes no planted speculator bug")
+                from harness.production.engine.reload import run_reload_engine_case
+                rep = run_reload_engine_case(ENGINE_CASES[cid], out=out).to_report()
+            else:
+                rep = run_case(ENGINE_CASES[cid], out=out, mutant=args.mutant).to_report()
         except Exception as exc:  # noqa: BLE001 - a crash in vLLM: cannot judge (a load failure: 1)
             rep, code = _case_failed(cid, exc, args.debug)
         else:
@@ -215,6 +222,10 @@ def _print_verdict(title: str, rep: dict) -> int:
     gap = upstream_gap(rep)
     if gap is not None and problems:
         print("   known vLLM gap:", gap[2])
+    if rep.get("reload"):  # weights updated in place between two generations (engine/reload.py)
+        r = rep["reload"]
+        print(f"   reload: {r.get('reload_s', float('nan')):.2f} s, {r['compared']} tensors compared, "
+              f"findings {r['findings'][:4]}, run 1 (set A) {'PASS' if r['run_a']['passed'] else 'FAIL'}")
     print("   counts:", json.dumps(rep["counts"]))
     if rep.get("acceptance"):
         print("   acceptance as vLLM counts it (accepted/drafted per request; over every verify step):",

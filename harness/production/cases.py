@@ -1,6 +1,7 @@
 """The side-by-side cases (kind "module" of ``harness.case_registry``): ``GpuCase`` (a preset or
 checkpoint directory, inputs, steps, quantization), the registry's views ``GPU_CASES`` /
-``PROBE_CASES`` / ``BISECT_CASES`` / ``FP8_CASE_IDS`` / ``MODELOPT_CASE_IDS``, and ``CaseInputs`` / ``build_inputs`` (the HF config,
+``PROBE_CASES`` / ``BISECT_CASES`` / ``FP8_CASE_IDS`` / ``MODELOPT_CASE_IDS`` / ``CT_CASE_IDS`` /
+``RELOAD_CASE_IDS``, and ``CaseInputs`` / ``build_inputs`` (the HF config,
 the checkpoint tensors for vLLM, the reference's weights and first step of a case). CPU only, no vLLM.
 
 May import: ``reference``, ``harness.case_registry``, ``harness.checkpoint``.
@@ -70,7 +71,8 @@ def _checkpoint_and_weights(case: GpuCase, loaded=None) -> tuple[dict, dict, dic
     try:
         path = write_synthetic(os.path.join(tmp, "ckpt"), hf, weights, naming=case.naming,
                                experts=case.experts, quant=case.quant,
-                               expert_scale_suffix=case.expert_scale_suffix, bf16_layers=case.bf16_layers)
+                               expert_scale_suffix=case.expert_scale_suffix, bf16_layers=case.bf16_layers,
+                               ct_ignore_style=case.ct_ignore)
         loaded = load_checkpoint(path)
         return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
     finally:
@@ -96,7 +98,16 @@ def _case_from_dict(d: dict) -> GpuCase:
     d["overrides"] = tuple((k, v) for k, v in d.get("overrides", ()))
     for key in ("known_audit", "bf16_layers", "expect_unquantized"):
         d[key] = tuple(d.get(key, ()))
+    d["upstream_gaps"] = tuple(tuple(g) for g in d.get("upstream_gaps", ()))
     return GpuCase(**d)
+
+
+def reload_set_b(case: GpuCase) -> GpuCase:
+    """The case of a reload case's weight set B: the same case with ``seed = reload_seed`` (its
+    weights and its run's inputs), no further reload."""
+    if case.reload_seed is None:
+        raise ValueError(f"{case.id}: not a reload case (reload_seed is None)")
+    return dataclasses.replace(case, seed=case.reload_seed, reload_seed=None)
 
 
 # Views of the registry (``harness.case_registry``), the one place a case is declared.
@@ -105,6 +116,10 @@ GPU_CASES: dict[str, GpuCase] = specs(kind="module", without="probe")
 MODELOPT_CASE_IDS = ids(role="modelopt", kind="module")
 
 FP8_CASE_IDS = ids(role="fp8", kind="module")
+
+CT_CASE_IDS = ids(role="compressed-tensors", kind="module")
+
+RELOAD_CASE_IDS = ids(role="reload", kind="module")
 
 # The one list of the side-by-side cases a bisect judges: bisect-check's default set, and the
 # production goldens' and host baselines' case set (roles bisect and golden of the same records;

@@ -87,6 +87,9 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
              "whether DeepGEMM (FP8 GEMMs, the indexer's MQA logits) is usable"),
     Internal("kernels.has_flashinfer", ("vllm.utils.flashinfer:has_flashinfer",),
              "whether FlashInfer (sampler, some MoE/attention paths) imports"),
+    Internal("reload.reload_weights", ("vllm.model_executor.model_loader.reload.inplace:reload_weights",),
+             "vLLM's in-place (layerwise) weight reload, the path the model runner's reload_weights takes, "
+             "applied to the drafter (the reload cases)", optional=True),
     Internal("metrics.per_request_spec_decode",
              ("vllm.engine.arg_utils:EngineArgs.per_request_spec_decode_metrics",),
              "the engine argument that puts vLLM's per-request spec-decode counters on each output "

@@ -75,8 +75,8 @@ def _fake_cuda() -> None:
 
     P.current_platform = FakeH200()
     import vllm._custom_ops as ops
-    for n in dir(ops):
-        if n.startswith("cutlass_") and "supports" in n:
+    for n in dir(ops):  # the capability queries (cutlass_scaled_mm_supports_*, cutlass_group_gemm_supported):
+        if n.startswith("cutlass_") and "support" in n:  # an SM90 GPU has them
             setattr(ops, n, lambda *a, **k: True)
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: 1
@@ -253,7 +253,9 @@ def _load_lines(cid: str) -> None:
             dtypes[sname] = str(scale.dtype).removeprefix("torch.")
             if scale.dim() == 4:  # ModelOpt FP8_PB_WO: [out_blocks, 1, in_blocks, 1]
                 scale = scale.reshape(scale.shape[0], scale.shape[2])
-            got = _dequant(got, scale)
+            # compressed-tensors channel FP8: one scale per output row ([..., out, 1])
+            channel = scale.shape[-1] == 1 and scale.shape[-2] == got.shape[-2] and got.shape[-2] > 1
+            got = _dequant(got, scale, (1, got.shape[-1]) if channel else (128, 128))
         got = got.to(torch.float64)
         if got.shape != want.shape:
             mismatches.append(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")

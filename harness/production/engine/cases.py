@@ -29,3 +29,6 @@ def engine_env(shared_gpu: bool, env: dict | None = None, computing: int = 1) ->
 
 # The registry's engine cases (``harness.case_registry``, the one place a case is declared)
 ENGINE_CASES: dict[str, EngineCase] = specs(kind="engine")
+
+# weights updated in place (role "reload"): generate with set A, reload the drafter with set B, judge
+RELOAD_ENGINE_CASES: dict[str, EngineCase] = specs(role="reload", kind="engine")

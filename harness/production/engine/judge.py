@@ -323,6 +323,8 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
     from harness.process_clock import process_age_s
 
     start_up = process_age_s()
+    if case.reload_seed is not None:  # two generations around a reload: engine/reload.py
+        raise ValueError(f"{case.id}: a reload case runs through harness.production.engine.reload")
     t0 = time.perf_counter()
     planted = None
     if mutant:

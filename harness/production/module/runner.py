@@ -92,13 +92,36 @@ class ProductionSession:
             raise RuntimeError("weights already loaded: process_weights_after_loading is one-shot; "
                                "make a new ProductionSession")
         ckpt = cast_for_vllm(weights_ckpt)
-        loaded, pre, warnings = build.load_checkpoint(self.model, self.vllm_config, ckpt, self.device)
+        # a module built quantized against the checkpoint's exclusion because of a known vLLM gap may
+        # also make the load itself raise: the gap is then still what the verdict names first
+        built = audit.quant_method_problems(self.hf_config, audit.module_quant_methods(self.model))
+        try:
+            loaded, pre, warnings = build.load_checkpoint(self.model, self.vllm_config, ckpt, self.device)
+        except Exception as exc:
+            if not audit.gap_modules(built):
+                raise
+            raise audit.LoadAuditError(built + [f"loading then raised {exc.__class__.__name__}: {exc}"]) from exc
         self.audit_problems = audit.audit_loaded_model(self.model, loaded, pre, warnings,
                                                        hf_config=self.hf_config)
         self.loaded = True
         if strict and self.audit_problems:
             raise audit.LoadAuditError(self.audit_problems)
         return self.audit_problems
+
+    def reload(self, weights_ckpt: dict[str, torch.Tensor]) -> None:
+        """Update the loaded weights in place through vLLM's own layerwise reload
+        (``model_loader.reload.inplace.reload_weights``: what the model runner's ``reload_weights``
+        does to the target, here applied to the draft), checkpoint format, from an iterator."""
+        from vllm.config import set_current_vllm_config
+
+        from harness.production import vllm_compat
+
+        if not self.loaded:
+            raise RuntimeError("load() weights first: a reload updates loaded weights")
+        reload_weights = vllm_compat.internal("reload.reload_weights")
+        ckpt = cast_for_vllm(weights_ckpt)
+        with set_current_vllm_config(self.vllm_config):
+            reload_weights(self.vllm_config, self.model, iter(sorted(ckpt.items())), None, True)
 
     # ---- running -------------------------------------------------------------
     @torch.inference_mode()

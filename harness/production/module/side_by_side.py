@@ -1,10 +1,13 @@
 """Reference vs vLLM's production ``HYV4MTP``: run one case both ways and compare.
 
-    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--modelopt] [--out DIR] [--save-traces]
+    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--modelopt] [--compressed-tensors] [--reload]
+                                              [--out DIR] [--save-traces]
     python -m harness.production.side_by_side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
 
-``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``); tolerances are
-``tolerances.tolerances_for(case.quant)``.
+``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``), ``--compressed-tensors`` the
+compressed-tensors ones (``CT_CASE_IDS``), ``--reload`` the weights-updated-in-place ones
+(``RELOAD_CASE_IDS``, ``module/reload.py``); tolerances are ``tolerances.tolerances_for(case.quant)``.
+A case's ``upstream_gaps`` (a known vLLM gap it exists to show) fails with the gap named first.
 
 The verdict (``harness.production.verdict.judge``) is against the EXACT (float64) reference with
 ``tolerances_for(quant)``; the table also shows the max abs error against the reference run
@@ -30,15 +33,20 @@ import traceback
 import torch
 
 from harness.atomic import atomic_write_json
-from harness.production.cases import (FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES, CaseInputs, GpuCase,
-                                      _case_from_dict, build_inputs, case_inputs)
+from harness.production.cases import (CT_CASE_IDS, FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES,
+                                      RELOAD_CASE_IDS, CaseInputs, GpuCase, _case_from_dict, build_inputs,
+                                      case_inputs, reload_set_b)
 from harness.production.verdict.judge import judge
 from harness.verdict import Verdict
 
 
 def run_case(case: GpuCase, *, session_kw: dict | None = None, inputs: CaseInputs | None = None) -> Verdict:
     """Run ``case`` on production, replay the reference on its inputs, compare: the verdict (tensors included).
-    ``inputs``: the case's ``CaseInputs`` where the caller built them (else built here, once)."""
+    ``inputs``: the case's ``CaseInputs`` where the caller built them (else built here, once).
+    A reload case (``reload_seed``) runs ``module.reload.run_reload_case``."""
+    if case.reload_seed is not None:
+        from harness.production.module.reload import run_reload_case
+        return run_reload_case(case, session_kw=session_kw)
     inputs = inputs if inputs is not None else build_inputs(case)
     return judge(case, *run_production_side(case, session_kw=session_kw, inputs=inputs), inputs=inputs)
 
@@ -105,6 +113,12 @@ def check_expected_unquantized(case: GpuCase, model) -> dict | None:
     if bad:
         raise audit.LoadAuditError(bad)
     return {m: methods[m] for m in case.expect_unquantized}
+
+
+def upstream_gap_of(case: GpuCase, problems: list[str]):
+    """The case's ``upstream_gaps`` entry the first of ``problems`` names, or None."""
+    first = problems[0] if problems else ""
+    return next((tuple(g) for g in case.upstream_gaps if g[0] in first), None)
 
 
 def fp8_kernel_notes(model) -> dict:
@@ -237,6 +251,8 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
             worst = max(worst, 1)
             continue
         case = _case_from_dict(entry["case"])
+        if case.reload_seed is not None:  # a reload case saves its second run's trace: set B's
+            case = reload_set_b(case)
         info = {k: entry.get(k) for k in ("audit", "attach_notes", "step_notes", "fp8_kernels")
                 if entry.get(k) is not None}
         info["timing_s"] = {}
@@ -264,6 +280,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(FP8_CASE_IDS)})")
     ap.add_argument("--modelopt", action="store_true",
                     help=f"the ModelOpt FP8_PB_WO cases ({', '.join(MODELOPT_CASE_IDS)})")
+    ap.add_argument("--compressed-tensors", action="store_true",
+                    help=f"the compressed-tensors FP8 cases ({', '.join(CT_CASE_IDS)})")
+    ap.add_argument("--reload", action="store_true",
+                    help=f"the weights-updated-in-place cases ({', '.join(RELOAD_CASE_IDS)})")
     ap.add_argument("--out", default=None, help="directory for side_by_side.json (default $OUT or out)")
     ap.add_argument("--save-traces", action="store_true", help="also write production traces (safetensors)")
     ap.add_argument("--rejudge", metavar="DIR", help="CPU only: re-judge the traces a --save-traces run wrote "
@@ -274,6 +294,10 @@ def main(argv=None) -> int:
         ids += [c for c in FP8_CASE_IDS if c not in ids]
     if args.modelopt:
         ids += [c for c in MODELOPT_CASE_IDS if c not in ids]
+    if args.compressed_tensors:
+        ids += [c for c in CT_CASE_IDS if c not in ids]
+    if args.reload:
+        ids += [c for c in RELOAD_CASE_IDS if c not in ids]
     if args.rejudge:
         code, _ = rejudge(args.rejudge, args.out, ids or None)
         return code
@@ -296,6 +320,13 @@ def main(argv=None) -> int:
             res = run_case(case)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next case
             tb = traceback.format_exc()
+            gap = upstream_gap_of(case, list(getattr(exc, "problems", None) or []))
+            if gap is not None:  # the known vLLM gap the case exists to show: named, not a harness error
+                print(f"== {cid}: FAIL (known vLLM gap): {exc.problems[0]}\n   known vLLM gap: {gap[1]}", flush=True)
+                summary["cases"].append({"case": dataclasses.asdict(case), "error": tb, "upstream_gap": list(gap),
+                                         "problems": list(exc.problems)})
+                worst = max(worst, 1)
+                continue
             print(f"== {cid}: ERROR {exc.__class__.__name__}: {exc}\n{tb}", flush=True)
             summary["cases"].append({"case": dataclasses.asdict(case), "error": tb})
             worst = max(worst, 1)
@@ -307,6 +338,11 @@ def main(argv=None) -> int:
               d["router_self_check"], "skipped:", d["skipped"], flush=True)
         if d.get("fp8_kernels"):
             print("fp8 kernels:", json.dumps(d["fp8_kernels"]), flush=True)
+        if d.get("reload"):
+            r = d["reload"]
+            print("reload:", r["path"], f"({r['reload_s']:.2f} s), {r['compared']} tensors compared;",
+                  f"stale/differing: {r['stale'][:6]}", "run 1 (set A):", "PASS" if r["run_a"]["passed"]
+                  else f"FAIL at {r['run_a']['first_divergent']}", flush=True)
         if d.get("layer_policy"):
             print("layer policy (max |d| of final_norm):", d["layer_policy"], flush=True)
         print("tokens:", d["tokens"], "timing", {k: round(v, 2) for k, v in d["timing_s"].items()}, flush=True)

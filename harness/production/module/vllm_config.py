@@ -88,7 +88,7 @@ def quantization_for(hf_config: dict) -> str | None:
     method = qc.get("quant_method")
     if not method:
         raise ValueError(f"quantization_config without quant_method: {qc}")
-    if method not in ("fp8", "modelopt"):
-        raise ValueError(f"quantization_config.quant_method {method!r}: the harness drives block FP8 "
-                         "(fp8, modelopt FP8_PB_WO) only")
+    if method not in ("fp8", "modelopt", "compressed-tensors"):
+        raise ValueError(f"quantization_config.quant_method {method!r}: the harness drives FP8 "
+                         "(fp8, modelopt FP8_PB_WO, compressed-tensors channel / block FP8) only")
     return method
