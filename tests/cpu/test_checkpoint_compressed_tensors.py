@@ -118,8 +118,8 @@ def _edit_config(path, edit):
 
 
 @pytest.mark.parametrize("edit, key", [
-    (lambda qc: qc.__setitem__("ignore", "lm_head"), "quantization_config.ignore must be a list"),
-    (lambda qc: qc["ignore"].append(7), "quantization_config.ignore[5] must be a non-empty string"),
+    (lambda qc: qc.__setitem__("ignore", "lm_head"), "quantization_config.ignore 'lm_head': must be a list of strings"),
+    (lambda qc: qc["ignore"].append(7), "quantization_config.ignore: entry 7 is an int"),
     (lambda qc: qc["ignore"].append("re:model.(mtp"), "quantization_config.ignore[5] 're:model.(mtp'"),
     # the q_a_proj shard of the fused fused_qkv_a_proj alone: vLLM refuses mixed shards
     (lambda qc: qc["ignore"].append(r"re:.*self_attn\.q_a_proj$"), "quantization_config.ignore: some but not all"),

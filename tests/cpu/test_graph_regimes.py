@@ -146,3 +146,17 @@ def test_the_tap_records_the_decode_seams_of_either_release(eager_step):
     assert m["indexer_at_step_ge2"] == 2 and m["decode_full_graph"] == 1
     for attr in ("_build_uniform_attn_metadata", eager_step, "propose"):
         assert attr not in vars(spec), attr
+
+
+def test_a_regime_not_run_is_not_attributed_to_capture():
+    """A graph case whose only problem is a declared regime that did not run keeps that line first
+    (no eager re-run, no "graph replay differs from eager"): coverage, not a capture bug; numeric
+    problems are attributed and the regime lines follow them."""
+    from harness.production.engine.judge import _graph_attribution, split_regime_problems
+
+    reg_line = gr.problems(("padded_rows",), {"padded_rows": 0})[0]
+    assert split_regime_problems([reg_line]) == ([], [reg_line])
+    numeric, regime = split_regime_problems(["engine step 2, draft step 2: draft_token 5 != 7", reg_line])
+    lines = _graph_attribution(numeric, {"passed": True, "problems": []}) + regime
+    assert lines[0].startswith("graph replay differs from eager") and "draft step 2" in lines[0]
+    assert lines[-1] == reg_line and not lines[-1].startswith("graph replay")

@@ -108,6 +108,9 @@ def measure(steps, tap_facts: dict | None = None) -> dict:
     return out
 
 
+MARK = "graph regime"  # every line ``problems`` returns starts with it
+
+
 def problems(declared, measured: dict | None) -> list[str]:
     """One line per declared regime that did not run (the case's verdict fails with it)."""
     if not declared:

@@ -19,6 +19,7 @@ from harness.atomic import atomic_write_json
 from harness.exitcodes import first_line
 from harness.production.engine.cases import EngineCase
 from harness.production.engine.graph_regimes import measure as measure_graph_regimes
+from harness.production.engine.graph_regimes import MARK as GRAPH_REGIME_MARK
 from harness.production.engine.graph_regimes import problems as graph_regime_problems
 from harness.production.engine.graph_regimes import table as graph_regime_table
 from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
@@ -187,6 +188,13 @@ def verdict_problems(rep: dict) -> list[str]:
     return p
 
 
+def split_regime_problems(problems: list[str]) -> tuple[list[str], list[str]]:
+    """(the other problems, the declared graph regimes that did not run): only the first are a
+    reason to re-run the drafter eagerly and to attribute graph replay against eager."""
+    regime = [p for p in problems if p.startswith(GRAPH_REGIME_MARK)]
+    return [p for p in problems if p not in regime], regime
+
+
 def _graph_attribution(graph_problems: list[str], eager: dict) -> list[str]:
     """The problems of a failed graph-mode run, first line saying whether graph replay or the
     drafter itself (eager too) differs from the reference."""
@@ -292,14 +300,18 @@ def generate_and_judge(sess: dict, *, out: str | None = None, log=print, mutant:
     rep["problems"] = verdict_problems(rep)
     rep["acceptance_disagreements"] = acceptance_disagreements(rep)
     rep["passed"] = rep["problems"] == []
-    if graphs and not eager_drafter and not rep["passed"]:
+    # a declared graph regime that did not run is a coverage finding, not a numeric one: the eager
+    # re-run attributes the numeric problems only, and the regime lines follow them unchanged
+    numeric, regime = split_regime_problems(rep["problems"])
+    if graphs and not eager_drafter and numeric:
+        rep["problems"] = numeric
         log("graph-mode run failed: the same generation again with the drafter eager")
         t2 = time.perf_counter()
         eager = generate_and_judge(sess, log=lambda *a, **k: None, mutant=mutant, eager_drafter=True)
         rep["eager_rerun"] = {"passed": eager["passed"], "problems": eager["problems"][:8],
                               "counts": eager.get("counts"), "acceptance": eager.get("acceptance"),
                               "components": eager.get("components"), "wall_s": time.perf_counter() - t2}
-        rep["problems"] = _graph_attribution(rep["problems"], eager)
+        rep["problems"] = _graph_attribution(rep["problems"], eager) + regime
         rep["timing_s"]["eager_rerun"] = rep["eager_rerun"]["wall_s"]
     return rep
 

@@ -202,7 +202,10 @@ class _Patches:
         orig = cls._multi_step_decode
 
         def _multi_step_decode(self, num_reqs, skip_attn, batch_desc, *a, **k):
-            tables, compute = self.block_tables, self.block_tables.compute_slot_mappings
+            tables = getattr(self, "block_tables", None)  # absent in the engine's profile run
+            if tables is None:
+                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+            compute = tables.compute_slot_mappings
 
             def slots(idx_mapping, query_start_loc, positions, num_tokens_padded, *b, **kw):
                 out = compute(idx_mapping, query_start_loc, positions, num_tokens_padded, *b, **kw)

@@ -182,9 +182,10 @@ class ProductionSession:
                 tok = logits.argmax(dim=-1)
                 trace = rec.trace
                 if record:
-                    rows = packed_cache_rows(layers, cam.slot_mapping)
-                    if rows is not None:
-                        trace["attn.kv_cache_rows"] = rows
+                    # (its own name: ``rows`` above holds the sampled rows, read again below)
+                    cache_rows = packed_cache_rows(layers, cam.slot_mapping)
+                    if cache_rows is not None:
+                        trace["attn.kv_cache_rows"] = cache_rows
                 trace["logits"] = logits.detach().float().cpu()
                 trace["draft_token"] = tok.detach().cpu()
                 out[f"step{k}.input_ids"] = ids.clone()
