@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "goldens (same tolerances); recorded on another GPU, torch or CUDA: exit 2")
     b.add_argument("--graphs", action="store_true",
                    help="also judge vLLM's speculator under CUDA graphs as `vllm serve` runs it "
-                        "(engine-graphs-accept-k3-share): for a change to graph capture, padding or the "
+                        "(the graph-bisect cases: K = 3 with and without index sharing): for a change to graph capture, padding or the "
                         "speculator's lifecycle hooks")
     b.add_argument("--compressed-tensors", action="store_true",
                    help="also judge a compressed-tensors channel-FP8 checkpoint (tiny-k2-ct-fp8-channel-long, "

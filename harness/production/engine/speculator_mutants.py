@@ -100,6 +100,28 @@ def planted(name: str):
         undo.restore()
 
 
+def _around_multi_step_decode(undo, patch) -> None:
+    """Wrap the per-step (host rebuild) draft decode of both releases,
+    ``TargetDependentARSpeculator._multi_step_decode``: for its call, ``patch(self, batch_desc)``
+    gives (object, attribute, stand-in) to shadow on that object as an instance attribute (None:
+    run it unpatched)."""
+    cls = _vllm("speculator.TargetDependentARSpeculator")
+    orig = cls._multi_step_decode
+
+    def _multi_step_decode(self, num_reqs, skip_attn, batch_desc, *a, **k):
+        shadow = patch(self, batch_desc)
+        if shadow is None:
+            return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+        obj, attr, value = shadow
+        setattr(obj, attr, value)
+        try:
+            return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+        finally:
+            delattr(obj, attr)
+
+    undo.setattr(cls, "_multi_step_decode", _multi_step_decode)
+
+
 class _Patches:
     @staticmethod
     def compaction_dropped(undo):
@@ -174,12 +196,9 @@ class _Patches:
 
     @staticmethod
     def graph_step_metadata_frozen(undo):
-        cls = _vllm("speculator.TargetDependentARSpeculator")
-        orig = cls._multi_step_decode  # the per-step (host rebuild) decode of both releases
-
-        def _multi_step_decode(self, num_reqs, skip_attn, batch_desc, *a, **k):
+        def patch(self, batch_desc):
             if getattr(getattr(batch_desc, "cg_mode", None), "name", None) != "FULL":
-                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+                return None
             build, kept = self._build_uniform_attn_metadata, {}
 
             def frozen(*b, **kw):  # steps >= 2: the step-1 metadata object, buffers not refreshed
@@ -187,24 +206,16 @@ class _Patches:
                     return kept["m"]
                 kept["m"] = build(*b, **kw)
                 return kept["m"]
+            return self, "_build_uniform_attn_metadata", frozen
 
-            self._build_uniform_attn_metadata = frozen
-            try:
-                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
-            finally:
-                del self._build_uniform_attn_metadata
-
-        undo.setattr(cls, "_multi_step_decode", _multi_step_decode)
+        _around_multi_step_decode(undo, patch)
 
     @staticmethod
     def graph_padded_rows_live_slot(undo):
-        cls = _vllm("speculator.TargetDependentARSpeculator")
-        orig = cls._multi_step_decode
-
-        def _multi_step_decode(self, num_reqs, skip_attn, batch_desc, *a, **k):
+        def patch(self, batch_desc):
             tables = getattr(self, "block_tables", None)  # absent in the engine's profile run
             if tables is None:
-                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
+                return None
             compute = tables.compute_slot_mappings
 
             def slots(idx_mapping, query_start_loc, positions, num_tokens_padded, *b, **kw):
@@ -213,14 +224,9 @@ class _Patches:
                 if num_tokens_padded > n > 0:  # only a padded (graph) batch has such rows
                     out[:, n:num_tokens_padded] = out[:, :1]
                 return out
+            return tables, "compute_slot_mappings", slots
 
-            tables.compute_slot_mappings = slots
-            try:
-                return orig(self, num_reqs, skip_attn, batch_desc, *a, **k)
-            finally:
-                del tables.compute_slot_mappings
-
-        undo.setattr(cls, "_multi_step_decode", _multi_step_decode)
+        _around_multi_step_decode(undo, patch)
 
     @staticmethod
     def spec_step_idx_ignored(undo):
