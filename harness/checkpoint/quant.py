@@ -425,13 +425,18 @@ def _modelopt_plan(qc: dict, cfg: MTPConfig, algo: str) -> Fp8Plan:
                                  f"expert, whatever quant_algo says), which the harness does not model "
                                  f"(list \"model.mtp_layers.{i}.mlp.experts*\")")
     plan = dataclasses.replace(plan, quantized=_quantized_leaves(cfg, plan))
+    _check_block_divisible(cfg, plan, MODELOPT_ALGO)
+    return plan
+
+
+def _check_block_divisible(cfg: MTPConfig, plan: Fp8Plan, what: str) -> None:
+    """Every quantized linear's input dim is a multiple of the 128-wide block (ValueError naming them)."""
     shp = layer_shapes(cfg)
     for i, leaves in plan.quantized.items():
         bad = sorted(leaf for leaf in leaves if len(shp[leaf]) == 2 and shp[leaf][1] % DEFAULT_BLOCK[1])
         if bad:
-            raise ValueError(f"{MODELOPT_ALGO} needs every quantized linear's input dim to be a multiple of "
+            raise ValueError(f"{what} needs every quantized linear's input dim to be a multiple of "
                              f"{DEFAULT_BLOCK[1]}: MTP layer {i}: " + ", ".join(f"{b} {list(shp[b])}" for b in bad))
-    return plan
 
 
 def _ct_args(qc: dict, key: str, args, want: dict) -> None:
@@ -502,12 +507,7 @@ def _compressed_tensors_plan(qc: dict, cfg: MTPConfig, algo: str) -> Fp8Plan:
             except ValueError as exc:
                 raise ValueError(f"quantization_config.ignore: {exc}") from exc
     if strategy == "block":
-        shp = layer_shapes(cfg)
-        for i, leaves in plan.quantized.items():
-            bad = sorted(leaf for leaf in leaves if len(shp[leaf]) == 2 and shp[leaf][1] % DEFAULT_BLOCK[1])
-            if bad:
-                raise ValueError(f"block FP8 needs every quantized linear's input dim to be a multiple of "
-                                 f"{DEFAULT_BLOCK[1]}: MTP layer {i}: " + ", ".join(f"{b} {list(shp[b])}" for b in bad))
+        _check_block_divisible(cfg, plan, "block FP8")
     return plan
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -234,20 +235,15 @@ def test_engine_command_checks_its_outputs_and_variables_first(tmp_path, capsys,
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
+    """A tiny two-shard checkpoint; tests edit copies of it (``shutil.copytree``), never it."""
     from harness.checkpoint.synth import synth_config, write_synthetic
     from reference.config import MTPConfig
     from reference.weights import random_weights
 
     hf = synth_config("tiny", vocab_size=128)
-    return write_synthetic(tmp_path_factory.mktemp("r3") / "ck", hf, random_weights(MTPConfig.from_hf_dict(hf), 1),
-                           shards=2)
+    return write_synthetic(tmp_path_factory.mktemp("bad-input") / "ck", hf,
+                           random_weights(MTPConfig.from_hf_dict(hf), 1), shards=2)
 
-
-def _copy(src: Path, dst: Path) -> Path:
-    import shutil
-
-    shutil.copytree(src, dst)
-    return dst
 
 
 def _config_edit(fn):
@@ -322,7 +318,7 @@ CHECKPOINT_EDITS = {
 @pytest.mark.parametrize("command", ["reference", "compare"])
 def test_bad_checkpoint_files_are_named(command, edit, tiny_ckpt, tmp_path, capsys, gpu_host):
     mutate, culprits = CHECKPOINT_EDITS[edit]
-    d = _copy(tiny_ckpt, tmp_path / "ck")
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     mutate(d)
     out = tmp_path / "out" / "t"
     argv = [command, d, "--out" if command == "reference" else "--report", out]
@@ -332,7 +328,7 @@ def test_bad_checkpoint_files_are_named(command, edit, tiny_ckpt, tmp_path, caps
 
 
 def test_a_lying_shard_header_names_its_tensor(tiny_ckpt, tmp_path, capsys, gpu_host):
-    d = _copy(tiny_ckpt, tmp_path / "ck")
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     name = _lying_header(d)
     _one_line(_run(capsys, "compare", d), 2, name, "dtype")
 
@@ -340,7 +336,7 @@ def test_a_lying_shard_header_names_its_tensor(tiny_ckpt, tmp_path, capsys, gpu_
 def test_an_output_never_replaces_an_input(tiny_ckpt, tmp_path, capsys, gpu_host):
     from harness.ci_speed import xdist_schedule as schedule
 
-    d = _copy(tiny_ckpt, tmp_path / "ck")
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     good = _good_report(tmp_path)
     before = _tree(tmp_path)
     _one_line(_run(capsys, "reference", d, "--out", d / "model-00001-of-00002.safetensors"), 2, "would replace")

@@ -17,35 +17,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from test_bad_input_round3 import _good_report, _one_line, _special, _tree, gpu_host  # noqa: F401 - fixture
+from test_bad_input_round3 import _good_report, _one_line, _special, _tree, gpu_host, tiny_ckpt  # noqa: F401 - fixtures
 from test_exit_contract import _run
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = ".hyv4-harness-written.json"
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from harness.checkpoint.synth import synth_config, write_synthetic
-    from reference.config import MTPConfig
-    from reference.weights import random_weights
-
-    hf = synth_config("tiny", vocab_size=128)
-    return write_synthetic(tmp_path_factory.mktemp("r4") / "ck", hf, random_weights(MTPConfig.from_hf_dict(hf), 1),
-                           shards=2)
-
-
-def _copy(src: Path, dst: Path) -> Path:
-    import shutil
-
-    shutil.copytree(src, dst)
-    return dst
 
 
 @pytest.fixture
@@ -185,15 +168,15 @@ def _listed_twice(text: str) -> str:
     ("{bigpos}", 125, "CKPT_DIR"),
     ("{nope}", 2, "nope"),
 ])
-def test_main_with_an_explicit_target_judges_it_or_says_it_cannot(target, code, culprit, ckpt, tmp_path, capsys,
+def test_main_with_an_explicit_target_judges_it_or_says_it_cannot(target, code, culprit, tiny_ckpt, tmp_path, capsys,
                                                                    cpu_host):
-    dup = _copy(ckpt, tmp_path / "dup")
+    dup = shutil.copytree(tiny_ckpt, tmp_path / "dup")
     _rewrite_header(dup / "model-00001-of-00002.safetensors", _listed_twice)
-    big = _copy(ckpt, tmp_path / "bigpos")
+    big = shutil.copytree(tiny_ckpt, tmp_path / "bigpos")
     hf = json.loads((big / "config.json").read_text())
     hf["max_position_embeddings"] = 2 ** 31 - 1
     (big / "config.json").write_text(json.dumps(hf))
-    arg = target.format(ck=ckpt, dup=dup, bigpos=big, nope=tmp_path / "nope")
+    arg = target.format(ck=tiny_ckpt, dup=dup, bigpos=big, nope=tmp_path / "nope")
     line = _one_line(_run(capsys, "main", arg), code, culprit)
     assert line.startswith("cannot judge: " if code == 125 else "error: ")
     if code == 125:
@@ -391,8 +374,8 @@ def test_every_numeric_key_refuses_a_bool_and_a_value_below_its_domain():
         assert key in str(err.value), (edit, str(err.value))
 
 
-def test_a_config_outside_its_domain_is_bad_input_for_the_cli(ckpt, tmp_path, capsys, gpu_host):
-    d = _copy(ckpt, tmp_path / "ck")
+def test_a_config_outside_its_domain_is_bad_input_for_the_cli(tiny_ckpt, tmp_path, capsys, gpu_host):
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     hf = json.loads((d / "config.json").read_text())
     hf["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": [5]}
     (d / "config.json").write_text(json.dumps(hf))
@@ -508,13 +491,13 @@ def test_a_timeline_that_is_no_file(kind, tmp_path, capsys):
               "FIFO" if kind == "fifo" else "device node")
 
 
-def test_a_shard_truncated_while_it_is_read_is_named(ckpt, tmp_path, monkeypatch):
+def test_a_shard_truncated_while_it_is_read_is_named(tiny_ckpt, tmp_path, monkeypatch):
     """No memory map: the shard shrinks after its header was checked, and the read says so (the
     mmapped read this replaces died of SIGBUS)."""
     from harness.checkpoint import loader
     from harness.checkpoint.errors import CheckpointError
 
-    d = _copy(ckpt, tmp_path / "ck")
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     real = loader._Reader.read
 
     def truncated_first(self, name):
@@ -603,17 +586,17 @@ OFFSET_EDITS = {
 
 
 @pytest.mark.parametrize("edit", sorted(OFFSET_EDITS))
-def test_header_offsets_are_named_with_their_tensor(edit, ckpt, tmp_path, capsys, gpu_host):
+def test_header_offsets_are_named_with_their_tensor(edit, tiny_ckpt, tmp_path, capsys, gpu_host):
     fn, words = OFFSET_EDITS[edit]
-    d = _copy(ckpt, tmp_path / "ck")
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     _rewrite_header(d / "model-00002-of-00002.safetensors", fn)
     line = _one_line(_run(capsys, "compare", d), 2, "model-00002-of-00002.safetensors", words)
     assert "model." in line or "lm_head" in line  # the tensor is named
 
 
 @pytest.mark.parametrize("kind, words", [("fifo", "a FIFO"), ("dir", "a directory"), ("devnull", "a device node")])
-def test_a_shard_that_is_no_file_is_not_called_missing(kind, words, ckpt, tmp_path, capsys, gpu_host):
-    d = _copy(ckpt, tmp_path / "ck")
+def test_a_shard_that_is_no_file_is_not_called_missing(kind, words, tiny_ckpt, tmp_path, capsys, gpu_host):
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     shard = d / "model-00002-of-00002.safetensors"
     shard.unlink()
     if kind == "fifo":
@@ -626,9 +609,9 @@ def test_a_shard_that_is_no_file_is_not_called_missing(kind, words, ckpt, tmp_pa
     assert "does not exist" not in line
 
 
-def test_control_characters_are_escaped(ckpt, tmp_path, capsys, gpu_host):
+def test_control_characters_are_escaped(tiny_ckpt, tmp_path, capsys, gpu_host):
     evil = "\x1b[2J\x1b]0;owned\x07"
-    d = _copy(ckpt, tmp_path / "ck")
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     _rewrite_header(d / "model-00002-of-00002.safetensors",
                     _entry_edit(lambda h, n: h.__setitem__(f"model.mtp_layers.0.{evil}.weight", h.pop(n))))
     wm = json.loads((d / "model.safetensors.index.json").read_text())
@@ -698,8 +681,8 @@ def test_a_file_where_the_lock_goes_is_never_truncated_or_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
 
 
-def test_bytes_after_the_last_tensor_are_named(ckpt, tmp_path, capsys, gpu_host):
-    d = _copy(ckpt, tmp_path / "ck")
+def test_bytes_after_the_last_tensor_are_named(tiny_ckpt, tmp_path, capsys, gpu_host):
+    d = shutil.copytree(tiny_ckpt, tmp_path / "ck")
     with open(d / "model-00001-of-00002.safetensors", "ab") as f:
         f.write(b"\0" * 6)
     _one_line(_run(capsys, "compare", d), 2, "model-00001-of-00002.safetensors", "6 unlisted bytes")
