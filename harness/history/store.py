@@ -22,7 +22,9 @@ nothing (``add_run`` and ``merge`` are idempotent).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import sqlite3
@@ -195,10 +197,19 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
 
 
 def _identity(conn: sqlite3.Connection) -> tuple[int, int, int]:
-    """(application_id, user_version, number of tables)."""
-    app = conn.execute("PRAGMA application_id").fetchone()[0]
-    ver = conn.execute("PRAGMA user_version").fetchone()[0]
-    tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+    """(application_id, user_version, number of tables), read from one snapshot: in autocommit
+    each statement would see its own, and a writer creating the history between them would show
+    its tables without its application_id (a new history refused as another application's)."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+        app = conn.execute("PRAGMA application_id").fetchone()[0]
+        ver = conn.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        if own:
+            conn.execute("COMMIT")
     return app, ver, tables
 
 
@@ -242,6 +253,31 @@ def open_history(path, *, readonly: bool = False, check: bool = True) -> sqlite3
     exists = _preflight(path)
     if readonly and not exists:
         raise HistoryError(f"history {path}: no such history file")
+    with contextlib.nullcontext() if readonly else _setup_lock(path):
+        return _open_checked(path, exists, readonly, check)
+
+
+@contextlib.contextmanager
+def _setup_lock(path: Path):
+    """Writers that open one history at once take turns to check, create and migrate it: creating
+    the tables and switching the journal to WAL while another process reads the new file gave it
+    "database is locked", or tables without the application_id. The lock is an flock on a file
+    beside the history (``.NAME.lock``), never on the database: closing any descriptor of the
+    database would drop the POSIX locks SQLite holds on it in this process. The appends that
+    follow still run concurrently, under SQLite's own locking."""
+    lock = path.with_name(f".{path.name}.lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise HistoryError(f"history {path}: cannot create its lock {lock}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _open_checked(path: Path, exists: bool, readonly: bool, check: bool) -> sqlite3.Connection:
     try:
         conn = _connect(path, readonly)
     except sqlite3.Error as exc:
