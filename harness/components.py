@@ -250,7 +250,7 @@ REGISTRY: tuple[Component, ...] = (
     Component("attn.gate", "reference.attention.gate",
               hooks=_out(f"{_SA}.linear_gate", transform="sigmoid", optional=True), tp="head-sharded",
               tolerance=_tol(Tolerance(8e-3, 1e-2, "sigmoid in bf16 of a bf16 GEMM output: values in (0, 1), one or two ulps")),
-              regimes=("headwise_gate_rows", "elementwise_gate_rows"), mutants=("exclusions-not-remapped",)),
+              regimes=("headwise_gate_rows", "elementwise_gate_rows"), mutants=("exclusions-not-remapped", "ct-ignore-regex-dropped")),
     Component("attn.out", "reference.attention.apply_gate", hooks=_out(f"{_SA}.o_proj"), diagnostic=True,
               tolerance=_tol(_ATTN, (0.19, _OUT + " [9.5e-2]"), (0.17, _OUT + " [8.0e-2]")),
               regimes=("headwise_gate_rows", "elementwise_gate_rows"),

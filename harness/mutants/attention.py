@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from .base import (FP8KV, HEADWISE, K1, K3SHARE, LONGSHARE, MODELOPT_DENSE, Ctx, MutantNotApplicable, Planted,
+from .base import (CT_CHANNEL, FP8KV, HEADWISE, K1, K3SHARE, LONGSHARE, MODELOPT_DENSE, Ctx, MutantNotApplicable, Planted,
                    _impl, _neox_copy, _param, need)
 from .cpu import cpu_rope_neox
 
@@ -242,6 +242,30 @@ def exclusions_not_remapped():
         mtp._MTP_QUANT_EXCLUSION_ATTRS = attrs
 
 
+@contextlib.contextmanager
+def ct_ignore_regex_dropped():
+    """While active, compressed-tensors' ``should_ignore_layer`` (as ``CompressedTensorsConfig`` calls it)
+    sees only the exact names of the ``ignore`` list: its ``re:`` entries never match (the matching
+    function itself is vLLM's)."""
+    import importlib
+
+    try:
+        ct = importlib.import_module("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors")
+    except ImportError as exc:
+        raise MutantNotApplicable(f"vLLM's compressed_tensors config: {exc}") from exc
+    orig = getattr(ct, "should_ignore_layer", None)
+    if orig is None:
+        raise MutantNotApplicable("compressed_tensors.py does not call should_ignore_layer by that name")
+
+    def exact_names_only(layer_name, ignore=(), *args, **kwargs):
+        return orig(layer_name, [e for e in ignore if not str(e).startswith("re:")], *args, **kwargs)
+    ct.should_ignore_layer = exact_names_only
+    try:
+        yield
+    finally:
+        ct.should_ignore_layer = orig
+
+
 def m_nothing_after_load(ctx: Ctx) -> None:
     """A build-time mutant (``build_patch``) leaves the loaded model as it is."""
 
@@ -288,6 +312,10 @@ PLANTED: tuple[Planted, ...] = (
             "MTP quant exclusions (an earlier upstream state): a ModelOpt exclude_modules entry "
             "(model.mtp_layers.0.self_attn.linear_gate) never reaches the draft, which quantizes the "
             "bf16 gate", MODELOPT_DENSE, m_nothing_after_load, "loading", build_patch=exclusions_not_remapped),
+    Planted("ct-ignore-regex-dropped", "compressed-tensors ignore entries written as re: patterns never match "
+            "(exact names alone honoured): the llm-compressor entry re:.*self_attn\\.linear_gate$ misses the "
+            "draft's bf16 gate, which is built FP8", CT_CHANNEL, m_nothing_after_load, "loading",
+            build_patch=ct_ignore_regex_dropped),
     # attn.out
     Planted("gate-no-sigmoid", "output gate multiplies by the raw linear_gate output (sigmoid skipped)", K1,
             m_gate_no_sigmoid, "attention"),

@@ -138,6 +138,7 @@ K1, K3SHARE, LONG, LONGSHARE, HEADWISE, CLAMP, MODELOPT_DENSE = (
     "tiny-k1", "tiny-k3-share", "tiny-k2-long", "tiny-k3-long-share", "tiny-k2-headwise", "tiny-k2-clamp-headwise",
     "tiny-k2-modelopt-pb-dense")
 FP8KV = "tiny-k2-long-fp8kv"  # served with an FP8 KV cache (fp8_ds_mla rows)
+CT_CHANNEL = "tiny-k2-ct-fp8-channel-long"  # compressed-tensors channel FP8, ignore list with re: patterns
 
 
 @dataclasses.dataclass(frozen=True)

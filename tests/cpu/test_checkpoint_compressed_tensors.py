@@ -312,7 +312,8 @@ def test_bisect_check_flags_add_the_cheapest_representatives():
 
 # ---- vLLM on a faked CUDA platform (tests/cpu/_vllm_config_probe.py, conftest's vllm_probe) ----------
 CT_IDS = ("tiny-k2-ct-fp8-channel-long", "tiny-k2-ct-fp8-block-long", "tiny-k2-ct-fp8-mtp-names")
-VLLM_PROBE = {"config": list(CT_IDS), "load": list(CT_IDS)}
+PLANTED = "tiny-k2-ct-fp8-channel-long@ct-ignore-regex-dropped"
+VLLM_PROBE = {"config": list(CT_IDS), "load": [*CT_IDS, PLANTED]}
 _DRAFT_GATE = "model.layers.2.mtp_block.self_attn.linear_gate"
 _DRAFT_EXPERTS = "model.layers.2.mtp_block.mlp.experts.routed_experts"
 
@@ -364,6 +365,22 @@ def test_vllm_builds_the_checkpoint_named_ignores_quantized_and_the_audit_names_
     unloaded = [f"{n}: received no checkpoint value" for n in d["unloaded"]
                 if n.rsplit(".", 1)[1] not in ("k_scale", "v_scale", "q_scale", "prob_scale")]
     assert unloaded and unexplained_by_gaps(problems + unloaded) == []
+
+
+def test_planted_regex_ignore_bug_builds_the_gate_fp8_and_the_audit_names_it(vllm_probe):
+    """The planted bug ``ct-ignore-regex-dropped`` on vLLM's own build: with the ``re:`` entries of the
+    ignore list unmatched, the bf16 gate is built FP8 and its scale never loaded; the audit's first and
+    only problem names the gate and the ignore entry, as a load failure (a bad commit), not a vLLM gap."""
+    from harness import mutants
+
+    m = mutants.BY_NAME["ct-ignore-regex-dropped"]
+    assert (m.case, m.component) == ("tiny-k2-ct-fp8-channel-long", "attn.gate") and m.build_patch is not None
+    d = _answer(vllm_probe.load[PLANTED])
+    assert d["quant_methods"][_DRAFT_GATE] == "CompressedTensorsLinearMethod", d["quant_methods"][_DRAFT_GATE]
+    assert [p.split(": ", 1)[0] for p in d["quant_problems"]] == [_DRAFT_GATE], d["quant_problems"]
+    assert "quantization_config.ignore excludes it" in d["quant_problems"][0]
+    assert "vLLM gap" not in d["quant_problems"][0]
+    assert _DRAFT_GATE + ".weight_scale" in d["unloaded"]
 
 
 def test_synth_command_writes_set_a_and_set_b_and_refuses_fused_experts(tmp_path, capsys):
