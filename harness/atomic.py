@@ -249,7 +249,7 @@ def clean_dead_leftovers(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _signals_held():
+def signals_held():
     """Terminating signals wait until the block ends (two renames that must both happen): held
     for the main thread (``pthread_sigmask``) and, where ``harness.exitcodes`` handles them, for
     every thread (its handler defers them)."""
@@ -402,7 +402,7 @@ def _write_dir_locked(path: Path, fill, replace: bool, created: list[Path]) -> N
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    with _signals_held():  # from here on the new directory is installed, whatever arrives
+    with signals_held():  # from here on the new directory is installed, whatever arrives
         old = None
         try:
             check_replaceable(path, replace)  # again: nothing was written into it during the fill

@@ -16,10 +16,10 @@ from __future__ import annotations
 # those only the shell scripts or test modules read.
 ENV_VARS: dict[str, tuple[str, str]] = {
     "HYV4_JIT_CACHE": (
-        "python -m harness, pytest, .ci/gpu-*",
+        "python -m harness, pytest, .ci/gpu-*, tools/offline-bundle/install.sh",
         "one cache root for every JIT layer (vLLM, Triton, FlashInfer, DeepGEMM, inductor, the driver's PTX "
         "cache, Python bytecode, ...) that later runs reuse; same as `warmup --cache DIR`. Unset: each "
-        "library keeps its own default"),
+        "library keeps its own default (install.sh restores a bundle's packed JIT cache into /tmp/jit-VERSION)"),
     "HYV4_PACKAGE_MAP_CACHE": (
         "python -m harness, pytest",
         "where the package map transformers asks `importlib.metadata` for on import is cached (default: "
@@ -74,6 +74,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "the run history (SQLite file, created if absent) each run is appended to; same as `--history PATH`. "
         "A file that is not a history (another database, damaged, a newer schema) is refused, exit 2"),
     # ---- read only by the shell scripts or by test modules ----
+    "HYV4_JIT_PACK": (
+        ".ci/gpu-tier",
+        "a packed JIT cache (`warmup --pack DIR`) the tier's warmup restores into `$HYV4_JIT_CACHE` before "
+        "anything compiles (`warmup --restore`); one of another key is refused in one line and not used"),
     "HYV4_REQUIREMENTS": (
         "with-env, .ci/run",
         "which pinned requirements file `./with-env` builds and runs in (default `requirements/ci.txt`; "

@@ -82,10 +82,13 @@ def done_for(key: str | None) -> bool:
 def wanted(args) -> bool:
     """Whether a parsed ``python -m harness`` command should start it: one that builds a
     VllmConfig itself (not a warmup with lanes: each lane is a ``harness warmup`` process of its
-    own), on a host with an NVIDIA GPU (elsewhere vLLM is never built), not switched off."""
+    own; not a warmup that restores a packed cache first: the inspection writes into vLLM's layer
+    of the cache root the restore fills), on a host with an NVIDIA GPU (elsewhere vLLM is never
+    built), not switched off."""
     from ..production.can_run import gpu_device_nodes
 
     return (getattr(args, "command", None) in COMMANDS and (getattr(args, "lanes", None) or 1) <= 1
+            and not getattr(args, "restore", None)
             and os.environ.get(OFF_ENV, "1") != "0" and bool(gpu_device_nodes()))
 
 

@@ -1,7 +1,8 @@
 """``python -m harness warmup``: compile the GPU stack's JIT kernels once per host, in one process.
 
     python -m harness warmup [--cache DIR] [--case ID ...] [--engine ID ... | --no-engine | --engine-only]
-                             [--if-cold] [--lanes N] [--report FILE.json] [--pack FILE.tar.gz]
+                             [--if-cold] [--lanes N] [--report FILE.json]
+                             [--restore PACK_DIR [--restore-only]] [--pack PACK_DIR [--part-bytes N]]
 
 A fresh GPU host spends most of the GPU tier compiling: FlashInfer's FP8 block GEMM
 (> 150 s), DeepGEMM's indexer and FP8 kernels per shape, Triton's fused MoE per
@@ -15,8 +16,13 @@ engine never builds) and generates with each.
 
 The caches land where each library keeps them, or under one root with ``--cache DIR``
 / ``$HYV4_JIT_CACHE`` (``harness.ci_speed.jit_cache.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
-DeepGEMM, inductor, the driver's PTX cache). ``--pack`` writes that root as a tarball
-for the next host: ``tar -xzf FILE -C DIR && export HYV4_JIT_CACHE=DIR``.
+DeepGEMM, inductor, the driver's PTX cache). ``--pack PACK_DIR`` writes that root, after
+warming, for the next host as a folder of parts keyed by every version that decides the
+compiled bytes (``harness.ci_speed.jit_pack``: part.NN, SHA256SUMS, MANIFEST); ``--restore
+PACK_DIR`` puts such a pack into the root before anything compiles (``--restore-only``: and
+stops there). A pack of another key (release, architecture, ...) is refused in one line and not
+used: the steps compile as on a bare host; a malformed, truncated or tampered one is bad input
+(exit 2), nothing unpacked.
 Each warmed step is stamped in the root (``hyv4-warm.json``: the versions of torch,
 CUDA, vLLM and the GPU, and a fingerprint of the case's definition); ``--if-cold``
 runs only the steps the stamp does not hold for these versions, so a host with a
@@ -36,8 +42,8 @@ FlashInfer's precompiled kernels (``vllm download-kernels``: ``flashinfer-cubin`
 on flashinfer.ai, not on PyPI (which stops at flashinfer-cubin 0.6.13, refused by
 FlashInfer's version check), so an air-gapped host builds them here instead.
 
-Exit codes (``harness.exitcodes``): 0 warmed, 2 bad flags, 125 cannot warm (no GPU,
-vLLM missing, a case that crashed: the line names it). Warmup judges nothing: a
+Exit codes (``harness.exitcodes``): 0 warmed (or restored), 2 bad flags or a bad pack, 125
+cannot warm (no GPU, vLLM missing, a case that crashed: the line names it). Warmup judges nothing: a
 case's numbers are not looked at.
 """
 
@@ -49,14 +55,13 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
 from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
 from ..production.can_run import GPU_DEVICE_GLOB
-from . import jit_cache
+from . import jit_cache, jit_pack
 from .jit_cache import BYTECODE_VAR, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
 
 MAX_LANES = 64  # parallel compile processes
@@ -97,8 +102,16 @@ def add_arguments(p) -> None:
     p.add_argument("--if-cold", action="store_true", help="skip the steps the cache root's stamp holds for "
                    "these versions (needs --cache or $HYV4_JIT_CACHE)")
     p.add_argument("--report", metavar="FILE.json", help="write the per-step times here")
-    p.add_argument("--pack", metavar="FILE.tar.gz", help="after warming, tar the cache root (needs --cache or "
-                   f"${JIT_CACHE_ENV})")
+    p.add_argument("--pack", metavar="PACK_DIR", help="after warming, pack the cache root into this folder for "
+                   "the next host: part.NN, SHA256SUMS, MANIFEST with the key (versions, GPU architecture); "
+                   f"needs --cache or ${JIT_CACHE_ENV}")
+    p.add_argument("--part-bytes", type=int, default=jit_pack.PART_BYTES, metavar="N",
+                   help=f"largest part of --pack (default {jit_pack.PART_BYTES}, as the offline bundle's)")
+    p.add_argument("--restore", metavar="PACK_DIR", help="before anything compiles, restore a --pack folder into "
+                   "the cache root; one of another key (release, architecture) is refused in one line and not "
+                   f"used (needs --cache or ${JIT_CACHE_ENV})")
+    p.add_argument("--restore-only", action="store_true", help="restore --restore PACK_DIR and stop (no step "
+                   "is warmed)")
 
 
 def check_arguments(args) -> None:
@@ -118,7 +131,12 @@ def check_arguments(args) -> None:
         if eid not in ENGINE_CASES:
             from ..exitcodes import listed
             raise CLIError(f"--engine {listed([eid])}: unknown; known: {listed(ENGINE_CASES, 40)}")
-    for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False))):
+    restore = getattr(args, "restore", None)
+    if getattr(args, "restore_only", False) and (not restore or args.pack):
+        raise CLIError("--restore-only " + ("and --pack: choose one (--restore-only warms nothing to pack)"
+                                            if restore else "needs --restore PACK_DIR"))
+    for flag, wanted in (("--pack", args.pack), ("--if-cold", getattr(args, "if_cold", False)),
+                         ("--restore", restore)):
         if wanted and not (args.cache or os.environ.get(JIT_CACHE_ENV)):
             raise CLIError(f"{flag} needs one cache root: give --cache DIR or set {JIT_CACHE_ENV}")
     from .. import input_checks as check
@@ -127,15 +145,26 @@ def check_arguments(args) -> None:
     if args.cache is not None:
         check.output_dir("--cache", args.cache)
     root = args.cache or os.environ.get(JIT_CACHE_ENV)
-    if args.pack is not None and root and os.path.realpath(args.pack).startswith(
+    if args.pack is not None and root and (os.path.realpath(args.pack) + os.sep).startswith(
             os.path.realpath(root).rstrip(os.sep) + os.sep):
         raise CLIError(f"--pack {args.pack}: inside the cache root {root} it packs; write it elsewhere")
-    for flag, path in (("--report", args.report), ("--pack", args.pack)):
-        if path is not None:
-            check.output_file(flag, path)
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                raise CLIError(f"{flag} {path}: not a writable file path (its folder {parent} is missing)")
+    if args.report is not None:
+        check.output_file("--report", args.report)
+        parent = os.path.dirname(os.path.abspath(args.report))
+        if not os.path.isdir(parent):
+            raise CLIError(f"--report {args.report}: not a writable file path (its folder {parent} is missing)")
+    if args.pack is not None:
+        check.replaceable_dir("--pack", args.pack)
+        from ..atomic import check_replaceable
+
+        # a folder the harness did not write is refused now, not after the warmup
+        check_replaceable(args.pack, True, f"--pack {args.pack}")
+        check.integer("--part-bytes", getattr(args, "part_bytes", jit_pack.PART_BYTES), 1 << 16, 1 << 32)
+    if restore is not None:
+        check.input_dir("--restore", restore)
+        if root and os.path.realpath(restore) == os.path.realpath(root):
+            raise CLIError(f"--restore {restore}: is the cache root itself; give the folder --pack wrote")
+        jit_pack.read_manifest(restore)  # a folder that is not a pack: refused before anything runs
 
 
 def cache_size(root: str) -> int:
@@ -149,7 +178,7 @@ def cache_size(root: str) -> int:
     return total
 
 
-STAMP = "hyv4-warm.json"
+STAMP = jit_pack.STAMP  # packed and restored with the layers it vouches for
 
 
 def fingerprint(case) -> str:
@@ -541,28 +570,33 @@ def _engine_in_child(eid: str) -> None:
             raise RuntimeError(f"exit {rc}: {_last_line(out)}")
 
 
-# Not packed: Python's bytecode (ROOT/pycache) is keyed by each source's path on this host, is
-# rebuilt by the next host's first process in seconds, and is the largest layer (~70 MiB for
-# torch and transformers alone). Likewise the package map (ROOT/python-metadata,
-# keyed by this host's sys.path), which the next host's first import recomputes.
-NOT_PACKED = {BYTECODE_VAR, PACKAGE_MAP_VAR}
+def cache_root(args) -> str | None:
+    """The cache root ``args`` names: --cache, else $HYV4_JIT_CACHE (absolute), else None."""
+    root = args.cache or os.environ.get(JIT_CACHE_ENV)
+    return os.path.abspath(os.path.expanduser(root)) if root else None
 
 
-def pack(root: str, dest: str) -> int:
-    """Tar ``root`` (its layout, ``jit_cache_env``, less ``NOT_PACKED``) to ``dest`` atomically; bytes written."""
-    from ..atomic import atomic_write
-
-    def write(tmp: str) -> None:
-        with tarfile.open(tmp, "w:gz") as tar:
-            for var, path in jit_cache_env(root).items():
-                if var not in NOT_PACKED and os.path.isdir(path):
-                    tar.add(path, arcname=os.path.relpath(path, os.path.abspath(os.path.expanduser(root))))
-    return atomic_write(dest, write).stat().st_size
+def restore_pack(args, log=print) -> dict:
+    """``--restore``: the pack put into the cache root for this host's key, or refused naming the
+    key fields that differ (then not used: the steps compile). The report's ``restore`` entry."""
+    t0 = time.perf_counter()
+    outcome, line = jit_pack.restore(args.restore, cache_root(args), jit_pack.host_versions())
+    log(f"warmup: {line}", flush=True)
+    return {"outcome": outcome, "line": line, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def cmd_warmup(args) -> int:
     check_arguments(args)
+    restored = restore_pack(args) if getattr(args, "restore", None) else None
+    if getattr(args, "restore_only", False):
+        if args.report:
+            from ..atomic import atomic_write_json
+
+            atomic_write_json(args.report, {"cache_root": cache_root(args), "restore": restored, "steps": []})
+        return EXIT_OK
     rep = run(args)
+    if restored is not None:
+        rep["restore"] = restored
     line = f"warmup: {len(rep['steps'])} steps in {rep['seconds']:.1f} s"
     if rep["skipped_warm"]:
         line += f" ({len(rep['skipped_warm'])} stamped warm for these versions, skipped)"
@@ -570,8 +604,11 @@ def cmd_warmup(args) -> int:
         line += (f"; cache {rep['cache_root']}: {rep['size_before'] / 2**20:.0f} -> "
                  f"{rep['size_after'] / 2**20:.0f} MiB")
     if args.pack:
-        rep["pack_bytes"] = pack(rep["cache_root"], args.pack)
-        line += f"; packed {args.pack} ({rep['pack_bytes'] / 2**20:.0f} MiB)"
+        versions = jit_pack.host_versions()
+        rep["pack"] = jit_pack.write_pack(rep["cache_root"], args.pack, versions, args.part_bytes,
+                                          info={"gpu": versions["gpu"]})
+        line += (f"; packed {args.pack}: {rep['pack']['parts']} parts, {int(rep['pack']['bytes']) / 2**20:.0f} MiB, "
+                 f"vLLM {versions['vllm']} on compute capability {versions['capability']}")
     if args.report:
         from ..atomic import atomic_write_json
 

@@ -313,11 +313,52 @@ def _install(parts, env_dir, **env):
     return _sh(TOOLS / "install.sh", parts, env_dir, env={"PYTHON": sys.executable, **env})
 
 
-def test_install_end_to_end(parts, tmp_path, _store):
-    """verify -> join -> untar into the store -> venv -> vllm + stored wheels -> import check."""
+@pytest.fixture(scope="module")
+def jit_pack_dir(tmp_path_factory):
+    """A JIT cache packed by the harness (``warmup --pack``) for the fake bundle's vLLM, in small parts."""
+    from harness.ci_speed import jit_pack
+
+    root = tmp_path_factory.mktemp("jit")
+    (root / "cache" / "triton" / "k").mkdir(parents=True)
+    (root / "cache" / "triton" / "k" / "kernel.so").write_bytes(os.urandom(5000))
+    key = {**{f: "1" for f in jit_pack.KEY_FIELDS}, "vllm": "0.0.fake", "capability": "9.0"}
+    jit_pack.write_pack(str(root / "cache"), str(root / "pack"), key, part_bytes=2048)
+    return root / "pack"
+
+
+def test_a_packed_jit_cache_rides_along_as_an_extra_part_set(jit_pack_dir, tmp_path):
+    out = tmp_path / "bundle"
+    r = _sh(TOOLS / "add-jit-cache.sh", jit_pack_dir, out, "0.0.fake")
+    assert r.returncode == 0, r.stderr
+    assert "added as" in r.stdout and "compute capability 9.0" in r.stdout
+    assert sorted(p.name for p in (out / "jit-cache").iterdir()) == sorted(
+        p.name for p in jit_pack_dir.iterdir() if not p.name.startswith("."))
+    assert _sh(TOOLS / "verify.sh", out / "jit-cache").returncode == 0
+    # packed for another release, or not a pack at all: refused in one line, nothing copied
+    _refusal(_sh(TOOLS / "add-jit-cache.sh", jit_pack_dir, tmp_path / "b2", "0.34.0"),
+             "packed with vLLM 0.0.fake, the bundle is vLLM 0.34.0")
+    _refusal(_sh(TOOLS / "add-jit-cache.sh", tmp_path, tmp_path / "b2", "0.0.fake"), "not a packed JIT cache")
+    assert not (tmp_path / "b2").exists()
+
+
+def test_a_corrupt_part_of_the_jit_cache_is_refused_before_unpacking(parts, jit_pack_dir, tmp_path, _store):
+    shutil.copytree(jit_pack_dir, parts / "jit-cache")
+    p = parts / "jit-cache" / "part.01"
+    p.write_bytes(p.read_bytes()[:-1])
+    _refusal(_install(parts, tmp_path / "env"), "jit-cache", "part.01 is corrupt")
+    assert not (tmp_path / "env").exists() and not any(_store.glob("*/"))
+
+
+def test_install_end_to_end(parts, jit_pack_dir, tmp_path, _store):
+    """verify -> join -> untar into the store -> venv -> vllm + stored wheels -> import check;
+    the packed JIT cache beside the parts is then restored, here not (no GPU, and the bundle's
+    stand-in torch: the key cannot be read), said in one line without failing the install."""
+    shutil.copytree(jit_pack_dir, parts / "jit-cache")
     env_dir = tmp_path / "vllm-env"
-    r = _install(parts, env_dir)
+    r = _install(parts, env_dir, HYV4_JIT_CACHE=str(tmp_path / "jit"))
     assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^offline-bundle: the packed JIT cache was not restored \(exit \d+\): \S", r.stdout, re.M), r.stdout
+    assert not any((tmp_path / "jit").rglob("kernel.so"))
     assert "parts match SHA256SUMS" in r.stdout
     assert "vllm 0.0.fake torch 0.0.fake-torch" in r.stdout and "platform FakePlatform capability None" in r.stdout
     assert re.search(r"^cutlass-dsl 4\.8\.0 cu13 from .*nvidia_cutlass_dsl/dsl_packages/cutlass$", r.stdout, re.M), r.stdout

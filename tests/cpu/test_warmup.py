@@ -8,7 +8,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import tarfile
 
 import pytest
 
@@ -243,7 +242,10 @@ def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
 
 
 def test_pack_holds_the_layout_and_restores(tmp_path):
-    from harness.ci_speed.warmup import pack
+    """A pack holds every JIT layer of the layout but the host's own (bytecode, package map), and
+    nothing else under the root; restored elsewhere, each layer's file is back (the round trip of
+    links, folders and modes: tests/cpu/test_jit_pack.py)."""
+    from harness.ci_speed import jit_pack
 
     root = tmp_path / "cache"
     for i, sub in enumerate(jit_cache.JIT_CACHE_LAYOUT.values()):
@@ -251,21 +253,19 @@ def test_pack_holds_the_layout_and_restores(tmp_path):
         (root / sub / "k" / "kernel.so").write_bytes(bytes([i]) * 100)
     (root / "unrelated").mkdir()
     (root / "unrelated" / "x").write_text("not a JIT layer")
-    dest = tmp_path / "jit.tar.gz"
-    assert pack(str(root), str(dest)) == dest.stat().st_size > 0
-    with tarfile.open(dest) as tar:
-        names = {n for n in tar.getnames() if n.endswith("kernel.so")}
-        tar.extractall(tmp_path / "restored", filter="data")
-    from harness.ci_speed.warmup import NOT_PACKED
-
-    packed = {var: sub for var, sub in jit_cache.JIT_CACHE_LAYOUT.items() if var not in NOT_PACKED}
+    key = {f: "1" for f in jit_pack.KEY_FIELDS}
+    meta = jit_pack.write_pack(str(root), str(tmp_path / "pack"), key)
+    assert meta["parts"] == "1" and int(meta["bytes"]) == (tmp_path / "pack" / "part.00").stat().st_size
+    assert jit_pack.restore(str(tmp_path / "pack"), str(tmp_path / "restored"), key)[0] == "restored"
+    packed = {var: sub for var, sub in jit_cache.JIT_CACHE_LAYOUT.items() if var not in jit_pack.NOT_PACKED}
+    names = {str(p.relative_to(tmp_path / "restored")) for p in (tmp_path / "restored").rglob("kernel.so")}
     assert names == {f"{sub}/k/kernel.so" for sub in packed.values()}  # bytecode stays on its host
     for i, (var, sub) in enumerate(jit_cache.JIT_CACHE_LAYOUT.items()):
         if var in packed:
             assert (tmp_path / "restored" / sub / "k" / "kernel.so").read_bytes() == bytes([i]) * 100
     assert not (tmp_path / "restored" / "pycache").exists()
     assert not (tmp_path / "restored" / "unrelated").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "jit.tar.gz", "restored"]  # no temp left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "pack", "restored"]  # no temp left
 
 
 # tests/cpu/conftest.py runs them in the xdist worker that imports vLLM anyway: the engine arguments,
@@ -510,6 +510,8 @@ def test_model_info_prefetch_is_wanted_only_where_vllm_is_built(monkeypatch):
     assert wanted("warmup", "--lanes", "1")
     # with lanes the parent builds nothing: each lane (`harness warmup --case ...`) starts its own
     assert not wanted("warmup", "--lanes", "4") and not wanted("warmup", "--lanes=2")
+    # a restore fills vLLM's layer of the cache root, where the inspection writes
+    assert not wanted("warmup", "--restore", "pack") and not wanted("warmup", "--restore", "p", "--restore-only")
     assert not wanted("reference", "preset:tiny", "--out", "x")
     monkeypatch.setenv(model_info.OFF_ENV, "0")
     assert not wanted("main")

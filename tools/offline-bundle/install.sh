@@ -12,6 +12,15 @@
 # installed first. Refuses (one line, exit 1) before unpacking anything when a
 # delta's base is not in the store, or a part is missing, corrupt or not
 # listed in SHA256SUMS. PYTHON picks the interpreter (python3).
+#
+# Parts with a packed JIT cache beside them (PARTS_DIR/jit-cache/, make-bundle.sh
+# --jit-cache) have it checked with the parts (a corrupt part is refused before
+# anything is unpacked) and, once vLLM is installed, restored into the cache root
+# $HYV4_JIT_CACHE (default /tmp/jit-VERSION) by `python -m harness warmup
+# --restore-only`, run with the new environment. A pack of another key (GPU
+# architecture, versions) is not used, and a restore that cannot be done (no GPU
+# to read the architecture from) is said in one line: the install stands either
+# way, the kernels are then compiled on first use.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 die() { echo "offline-bundle: $*" >&2; exit 1; }
@@ -24,6 +33,11 @@ base=$(field "$dir/MANIFEST" base)
 if [ -n "$base" ] && [ "$(field "$store/$base/MANIFEST" vllm)" != "$base" ]; then
   die "$dir holds a delta over the vLLM $base bundle, which is not in $store/$base: install the $base bundle first"
 fi
+jit=
+if [ -d "$dir/jit-cache" ]; then
+  jit=$dir/jit-cache
+  msg=$("$HERE/verify.sh" "$jit" 2>&1 >/dev/null) || die "$jit: ${msg#offline-bundle: }"
+fi
 mkdir -p "$store" || die "cannot create $store"
 work=$(mktemp -d "$store/.incoming.XXXXXX") || die "cannot create a folder in $store"
 trap 'rm -rf "$work"' EXIT
@@ -33,4 +47,16 @@ version=${version:-unversioned}   # a bundle from before MANIFEST
 [[ $version =~ ^[0-9A-Za-z][0-9A-Za-z.+_-]*$ ]] || die "bundle/MANIFEST names no usable vLLM version: '$version'"
 rm -rf "${store:?}/$version" && mv "$work/bundle" "$store/$version" || die "cannot move the bundle to $store/$version"
 # The project's copy, not the one in the parts: the same steps, kept current.
-bash "$HERE/bundle-install.sh" "${env_dir:-/tmp/vllm-$version}" "$store/$version"
+env_dir=${env_dir:-/tmp/vllm-$version}
+bash "$HERE/bundle-install.sh" "$env_dir" "$store/$version" || exit $?
+[ -n "$jit" ] || exit 0
+root=${HYV4_JIT_CACHE:-/tmp/jit-$version}
+out=$(cd "$HERE/../.." && env -u PYTHONPATH "$env_dir/bin/python" -m harness warmup --restore "$(realpath "$jit")" \
+      --restore-only --cache "$root" 2>&1)
+rc=$?
+if [ "$rc" = 0 ]; then
+  printf '%s\n' "$out" | tail -n 1
+  echo "run the GPU commands with HYV4_JIT_CACHE=$root as well"
+else
+  echo "offline-bundle: the packed JIT cache was not restored (exit $rc): $(printf '%s\n' "$out" | tail -n 1)"
+fi

@@ -3,7 +3,7 @@
 # Triton but no package index, split into parts small enough to ship one at a
 # time. Run where PyPI is reachable, from the repo root:
 #
-#   tools/offline-bundle/make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION]
+#   tools/offline-bundle/make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION] [--jit-cache PACK_DIR]
 #
 # OUT_DIR    where the parts go (default .gpu-bundle, git-ignored):
 #            OUT_DIR/part.00, part.01, ..., OUT_DIR/SHA256SUMS, OUT_DIR/MANIFEST
@@ -12,6 +12,13 @@
 # --base V   a delta over the bundle of vLLM V: only the vLLM tarball and the
 #            wheels whose pin differs from V's (pins.sh VERSION V); its install
 #            needs V's bundle installed first. GPU_BUNDLE_BASE says the same.
+# --jit-cache PACK_DIR
+#            an extra part set: the JIT cache `python -m harness warmup --pack PACK_DIR`
+#            packed on a warmed GPU host of the target architecture running this vLLM
+#            release (add-jit-cache.sh checks both), copied to OUT_DIR/jit-cache/
+#            (part.NN, SHA256SUMS, MANIFEST); install.sh restores it, so the host's
+#            first run compiles nothing. Without it an OUT_DIR/jit-cache/ of an
+#            earlier build is removed.
 #
 # The bundle holds the vLLM wheel minus what strip.txt lists (pieces the
 # Hopper MTP path never loads) as vllm.tar.xz, the wheels pins.sh lists for
@@ -27,15 +34,19 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 die() { echo "make-bundle: $*" >&2; exit 1; }
 args=()
 BASE=${GPU_BUNDLE_BASE:-}
+JIT=
+usage="usage: make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION] [--jit-cache PACK_DIR]"
 while [ $# -gt 0 ]; do
   case $1 in
     --base) [ $# -ge 2 ] || die "--base needs a vLLM version"; BASE=$2; shift 2 ;;
     --base=*) BASE=${1#--base=}; shift ;;
-    -*) die "unknown option $1 (usage: make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION])" ;;
+    --jit-cache) [ $# -ge 2 ] || die "--jit-cache needs the folder warmup --pack wrote"; JIT=$2; shift 2 ;;
+    --jit-cache=*) JIT=${1#--jit-cache=}; shift ;;
+    -*) die "unknown option $1 ($usage)" ;;
     *) args+=("$1"); shift ;;
   esac
 done
-[ ${#args[@]} -le 2 ] || die "usage: make-bundle.sh [OUT_DIR] [PART_BYTES] [--base VERSION]"
+[ ${#args[@]} -le 2 ] || die "$usage"
 OUT=${args[0]:-.gpu-bundle}
 PART=${args[1]:-50000000}
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
@@ -54,6 +65,9 @@ if [ -n "${VLLM_WHEEL:-}" ]; then
   [[ ${VLLM_WHEEL##*/} == vllm-"$VLLM_VERSION"-*.whl ]] || die "VLLM_WHEEL=$VLLM_WHEEL is not a vllm $VLLM_VERSION wheel"
 fi
 pins=$("$HERE/pins.sh" "$VLLM_VERSION" ${BASE:+"$BASE"})
+if [ -n "$JIT" ]; then  # checked before the long steps: a pack of another release is refused now
+  "$HERE/add-jit-cache.sh" "$JIT" - "$VLLM_VERSION" || exit 1
+fi
 
 # One stage per (release, base): a full bundle and a delta of the same release
 # hold different wheels.
@@ -107,3 +121,5 @@ ln -f "$CACHE/vllm.tar.xz" "$STAGE/bundle/vllm.tar.xz" 2>/dev/null || cp "$CACHE
 { echo "vllm=$VLLM_VERSION"; [ -z "$BASE" ] || echo "base=$BASE"; } > "$STAGE/bundle/MANIFEST"
 cp "$HERE/bundle-install.sh" "$STAGE/bundle/install.sh"
 "$HERE/pack.sh" "$STAGE" "$OUT" "$PART"
+rm -rf "$OUT/jit-cache"
+if [ -n "$JIT" ]; then "$HERE/add-jit-cache.sh" "$JIT" "$OUT" "$VLLM_VERSION" || exit 1; fi
