@@ -62,9 +62,9 @@ MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
                      passes_eager="engine-accept-k3-noshare"),
     SpeculatorMutant("graph-padded-rows-live-slot", "engine-graphs-accept-k3-noshare",
                      "graph replay differs from eager",
-                     "the draft decode's slot mapping gives a padded row of a FULL graph the slot of live "
-                     "request 0 instead of the pad slot: the padded row's KV write lands in that request's "
-                     "draft KV",
+                     "the draft decode's slot mapping gives a padded row of a FULL graph a live slot of "
+                     "request 0 (the one before its current slot) instead of the pad slot: the padded row's "
+                     "KV write overwrites draft KV that request reads at later steps",
                      passes_eager="engine-accept-k3-noshare"),
 )}
 
@@ -222,7 +222,9 @@ class _Patches:
                 out = compute(idx_mapping, query_start_loc, positions, num_tokens_padded, *b, **kw)
                 n = int(idx_mapping.shape[0])
                 if num_tokens_padded > n > 0:  # only a padded (graph) batch has such rows
-                    out[:, n:num_tokens_padded] = out[:, :1]
+                    # the slot before request 0's current one: KV it wrote at an earlier position and
+                    # reads at every later step (its current slot would race with its own write)
+                    out[:, n:num_tokens_padded] = (out[:, :1] - 1).clamp(min=0)
                 return out
             return tables, "compute_slot_mappings", slots
 
