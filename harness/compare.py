@@ -46,9 +46,14 @@ class ComponentResult:
     worst_expected: float = 0.0
     ties: int = 0
     note: str = ""
+    # a golden / baseline comparison: max |d| over the rows whose value is settled run to run (the
+    # order-variant rows left out, ``goldens_gpu``); None where every row is (or rows are unknown)
+    max_abs_settled: float | None = None
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        if self.max_abs_settled is None:
+            del d["max_abs_settled"]
         d["tolerance"] = None if self.tolerance is None else dataclasses.asdict(self.tolerance)
         d["worst_index"] = list(self.worst_index)
         return d

@@ -250,7 +250,12 @@ def _one_torch_thread(request):
     busy cores). GPU tests (tests/gpu) on a host with a CUDA device keep torch's default (their
     xdist workers get a share of the cores: ``_share_the_host``). A module that has not imported
     torch by the time it runs (a pytest run on non-torch files) does not pay torch's import here."""
-    torch = sys.modules.get("torch")
+    torch = None
+    if "torch" in sys.modules:
+        # the conftest's host check may still be importing torch in its thread (a gpu_subprocess test
+        # does not wait for it): ``import`` waits on the module's import lock for a whole module,
+        # where sys.modules would hand over a partial one
+        import torch
     if torch is None or "gpu" in pathlib.Path(str(request.path)).parts and torch.cuda.is_available():
         yield
         return

@@ -11,8 +11,9 @@ stall for minutes, so the parallel GPU tier (``.ci/gpu-tier``) runs this first, 
 one process, and fans out after. It runs the production side only (no reference,
 no verdict) of every module-level side-by-side case, which covers every shape the
 GPU tier's module-level cases use, and builds the engines (``_default_engines``: the eager
-engine case and every CUDA-graph engine case, whose capture and graph-mode kernels an eager
-engine never builds) and generates with each.
+engine case, every engine case of ``bisect-check`` -- its two-MTP-layer case runs vLLM's
+multi-module speculator and its Triton kernels -- and every CUDA-graph engine case, whose capture
+and graph-mode kernels an eager engine never builds) and generates with each.
 
 The caches land where each library keeps them, or under one root with ``--cache DIR``
 / ``$HYV4_JIT_CACHE`` (``harness.ci_speed.jit_cache.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
@@ -69,14 +70,20 @@ DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: th
 
 
 def _default_engines() -> tuple[str, ...]:
-    """The eager engine case, then every CUDA-graph engine case (each its own configuration of
-    capture, torch.compile and draft-decode kernels: K, index sharing, padded batch sizes)."""
+    """The eager engine case, every engine case a ``bisect-check`` runs (``--graphs`` included), then
+    every other CUDA-graph engine case (each its own configuration of capture, torch.compile and
+    draft-decode kernels: K, index sharing, padded batch sizes). A bisect case with two MTP layers
+    runs vLLM's multi-module speculator, whose input kernels (Triton) no one-layer case builds."""
+    from harness.case_registry import specs
+
     from ..production.engine.cases import ENGINE_CASES
 
+    bisect = [*specs(role="bisect", kind="engine"), *specs(role="graph-bisect", kind="engine")]
     # (a reload case runs through the engine's reload path, not run_case; its graph kernels are
     # those of the same configuration without the reload)
-    graphs = [cid for cid, spec in ENGINE_CASES.items() if spec.graphs and spec.reload_seed is None]
-    return (DEFAULT_ENGINE_CASE, *(c for c in graphs if c != DEFAULT_ENGINE_CASE))
+    graphs = [cid for cid, spec in ENGINE_CASES.items() if spec.graphs]
+    chosen = [cid for cid in (DEFAULT_ENGINE_CASE, *bisect, *graphs) if ENGINE_CASES[cid].reload_seed is None]
+    return tuple(dict.fromkeys(chosen))
 
 
 def engines_of(args) -> list[str]:
@@ -94,7 +101,8 @@ def add_arguments(p) -> None:
     p.add_argument("--case", action="append", metavar="ID", help="module-level case to run (default: all)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--engine", action="append", metavar="ID", help="engine case to build and run (repeatable; "
-                   f"default: {DEFAULT_ENGINE_CASE} and every CUDA-graph engine case)")
+                   f"default: {DEFAULT_ENGINE_CASE}, every engine case of bisect-check and every CUDA-graph "
+                   "engine case)")
     g.add_argument("--no-engine", action="store_true", help="skip the engine")
     p.add_argument("--engine-only", action="store_true", help="only the engine (no module-level case)")
     p.add_argument("--lanes", type=int, default=1, metavar="N", help="after the first case, warm up to N kernel "

@@ -112,7 +112,8 @@ def component_rows(case_id: str, rep: dict) -> list[dict]:
                     "mean_abs": _num(c.get("mean_abs")), "max_rel": _num(c.get("max_rel")),
                     "atol": _num(tol.get("atol")), "rtol": _num(tol.get("rtol")),
                     "ratio": _ratio(c.get("max_abs"), tol.get("atol")),
-                    "passed": int(bool(c.get("passed"))), "note": (c.get("note") or None)})
+                    "passed": int(bool(c.get("passed"))), "note": (c.get("note") or None),
+                    "max_abs_settled": _num(c.get("max_abs_settled"))})
     return out
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from harness.exitcodes import CLIError
 
 APPLICATION_ID = 0x48593448  # "HY4H": this harness's run history
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 120.0  # a writer waits this long for another's transaction (a merge of a large file)
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -95,12 +95,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX components_by_key ON components (case_id, component)",
     ),
+    # schema 3: a golden / baseline comparison's max |d| over the rows settled run to run (the
+    # order-variant rows left out), which the drift rule reads where it is recorded
+    3: ("ALTER TABLE components ADD COLUMN max_abs_settled REAL",),
 }
 
 RUN_FIELDS = ("run_id", "started_at", "kind", "source", "exit_code", "verdict", "gpu", "capability", "torch",
               "cuda", "platform", "vllm", "vllm_commit", "harness_commit", "host", "seconds", "extra", "label")
 COMPONENT_FIELDS = ("case_id", "component", "max_abs", "mean_abs", "max_rel", "atol", "rtol", "ratio", "passed",
-                    "note")
+                    "note", "max_abs_settled")
 ACCEPTANCE_FIELDS = ("case_id", "request", "accepted", "drafted", "rate")
 POSITION_FIELDS = ("case_id", "position", "accepted", "drafted", "rate")
 TIMING_FIELDS = ("case_id", "phase", "seconds")

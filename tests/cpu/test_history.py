@@ -244,6 +244,33 @@ def test_a_small_move_a_failure_and_too_few_runs_are_no_drift(tmp_path):
     assert _findings(_nights(tmp_path / "c", [1.0])) == []
 
 
+def test_drift_of_a_golden_comparison_reads_its_settled_rows(tmp_path):
+    """A golden / baseline comparison records max |d| over the rows settled run to run beside the
+    max over all rows: jitter of the order-variant rows alone (measured on one H200: 0 in one run,
+    1.95e-3 the next) is no drift; a move of the settled rows is, named with both values."""
+    path = tmp_path / "h.sqlite"
+
+    def night(day: int, all_rows: float, settled: float):
+        doc = report(tag=str(day))
+        comp = doc["cases"]["side-by-side/tiny-seed0"]["components"][0]
+        comp.update(max_abs=all_rows, max_abs_settled=settled)
+        store.append(path, run_of(doc, day))
+
+    for day, all_rows in enumerate([0.0, 1.95e-3, 0.0, 1.95e-3], start=1):
+        night(day, all_rows, 0.0)
+    assert _findings(path) == []
+    night(5, 1.95e-3, 4e-4)
+    (f,) = _findings(path)
+    assert (f.name, f.latest, f.median) == ("step0.attn.out", 4e-4, 0.0)
+    assert "order-variant rows left out (all rows: max|d| 1.950e-03)" in f.line()
+    conn = store.open_history(path, readonly=True)
+    try:
+        assert conn.execute("SELECT max_abs_settled FROM components WHERE max_abs_settled IS NOT NULL "
+                            "ORDER BY rowid DESC").fetchone()[0] == 4e-4
+    finally:
+        conn.close()
+
+
 def test_drift_names_acceptance_that_fell(tmp_path):
     path = _nights(tmp_path, [1.0, 1.0, 1.0], accepted=[8, 8, 7])
     names = {(f.kind, f.name) for f in _findings(path)}

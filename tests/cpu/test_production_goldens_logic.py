@@ -117,6 +117,15 @@ def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):
     assert not _check("tiny-k2-long", bump([149], ulps=200), tmp_path).passed  # not an ulp
     flipped = {**prod, "step0.draft_token": torch.tensor([3, 8])}  # last rows: positions 149 > 128
     assert _check("tiny-k2-long", flipped, tmp_path).passed
+    # what the run history's drift rule reads: max |d| over the settled rows only (0 while only
+    # order-variant rows moved), beside the max over every row
+    core = long_rows.results[0]
+    assert core.max_abs > 0 and core.max_abs_settled == 0.0
+    assert core.as_dict()["max_abs_settled"] == 0.0
+    short = _check("tiny-k2-long", bump([100, 149]), tmp_path).results[0]
+    assert short.max_abs_settled > 0
+    exact = _check("tiny-k2-long", prod, tmp_path).results[0]
+    assert exact.max_abs == exact.max_abs_settled == 0.0
 
 
 def _fabricated(case_id: str) -> dict:

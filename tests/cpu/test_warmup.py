@@ -355,7 +355,7 @@ def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
 
 def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     """A graph case's capture, torch.compile and draft-decode kernels are built by no eager engine:
-    the default warmup builds the eager engine case and every graph-mode engine case, each its
+    the default warmup builds the eager engine case, every bisect-check engine case and every graph-mode engine case, each its
     own family (its own lane when lanes allow), so no tier, bisect or mutant run compiles after it."""
     import argparse
 
@@ -366,6 +366,12 @@ def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     engines = engines_of(args)
     graphs = [c for c, spec in ENGINE_CASES.items() if spec.graphs and spec.reload_seed is None]
     assert engines[0] == DEFAULT_ENGINE_CASE and set(graphs) <= set(engines) and len(graphs) >= 3
+    # every engine case bisect-check runs (with --graphs too): the two-MTP-layer bisect case runs
+    # vLLM's multi-module speculator, whose Triton input kernels no one-layer case builds
+    from harness.commands.compare import DEFAULT_BISECT_ENGINE_CASES, GRAPH_BISECT_ENGINE_CASES
+    assert {*DEFAULT_BISECT_ENGINE_CASES, *GRAPH_BISECT_ENGINE_CASES} <= set(engines)
+    assert any(ENGINE_CASES[e].overrides and dict(ENGINE_CASES[e].overrides).get("num_nextn_predict_layers") == 2
+               for e in engines)
     # a reload case runs through the engine's reload path (run_case refuses it): never a warmup step
     assert not any(ENGINE_CASES[e].reload_seed is not None for e in engines)
     _, lanes = plan_lanes(["tiny-k1", "tiny-k3-share"], engines, 8)

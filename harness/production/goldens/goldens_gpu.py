@@ -273,6 +273,7 @@ def _judge(case_id: str, prod: dict, tensors: dict, entry: dict, root: Path) -> 
     tols = _tolerances(stored)
     report = compare_traces(now, stored, tols, components=STORED)
     index_topk = _index_topk(case_id)
+    _settled_max_abs(report, now, stored, positions, index_topk)
     for r in report.results:
         comp = r.name.split(".", 1)[1]
         if r.passed or r.name not in now or now[r.name].shape != stored[r.name].shape:
@@ -385,6 +386,22 @@ def _order_variant_rows(prod: dict, key: str, n_rows: int, index_topk: int | Non
             return None
         pos = pos[last]
     return pos + 1 > index_topk
+
+
+def _settled_max_abs(report, now: dict, stored: dict, positions: dict, index_topk: int | None) -> None:
+    """Each result's ``max_abs_settled``: its max |d| over the rows that are not order-variant, where
+    some rows are (their keys are summed in an order that varies run to run, so their |d| against a
+    golden jitters between runs of one commit; the run history's drift rule reads this value)."""
+    for r in report.results:
+        a, e = now.get(r.name), stored.get(r.name)
+        if a is None or e is None or a.shape != e.shape or a.dim() == 0 or not a.is_floating_point():
+            continue
+        variant = _order_variant_rows(positions, r.name, e.shape[0], index_topk)
+        if variant is None or not bool(variant.any()) or variant.numel() != e.shape[0]:
+            continue
+        d = (a.double() - e.double()).abs().reshape(e.shape[0], -1)[~variant]
+        d = torch.nan_to_num(d, nan=float("inf"))
+        r.max_abs_settled = float(d.max()) if d.numel() else 0.0
 
 
 def _rows_out_of_tolerance(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> list[int]:
