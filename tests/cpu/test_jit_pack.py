@@ -134,8 +134,15 @@ def test_restore_round_trip_gives_the_same_bytes_links_and_folders(packed, tmp_p
     root = tmp_path / "cache"
     (root / "pycache").mkdir(parents=True)
     (root / "pycache" / "mine.pyc").write_bytes(b"this host's bytecode")
+    assert f"root={src}\n" in manifest  # where it was packed from: ninja's builds name that path
+    import time
+    t0 = time.time()
     outcome, line = jit_pack.restore(str(pack), str(root), HOST)
     assert outcome == "restored" and "restored" in line and "kept" not in line, line
+    # under another root FlashInfer's builds rebuild: said; every restored file dated now (ninja
+    # rebuilds outputs older than sources installed after the pack was made)
+    assert f"packed from cache root {src}" in line and "rebuild" in line, line
+    assert all(p.lstat().st_mtime >= t0 - 1 for p in (root / "triton").rglob("*") if not p.is_symlink())
     packed_names = set(jit_pack.packed_layers(str(src)))
     assert _tree(root, packed_names) == _tree(src, packed_names)
     assert (root / "triton" / "latest.so").read_bytes() == (src / "triton" / "mod" / "deep" / "er" / "kernel.so").read_bytes()
