@@ -85,8 +85,12 @@ def gpu() -> None:
         print(f"  step {sha} exit {code} {float(secs):6.1f} s  {subject}")
     m = re.search(r"autobisect: (\d+) steps, ([\d.]+) s per step, ([\d.]+) s in all", text)
     print(f"GPU autobisect test: pytest exit {out.returncode}, {wall:.1f} s wall (baseline recording included)")
-    print("  " + (f"{m.group(1)} steps, {m.group(2)} s per step, {m.group(3)} s bisect" if m else
-                  "no figures (the test did not get that far): " + text.strip().splitlines()[-1][:300]))
+    if m:
+        print(f"  {m.group(1)} steps, {m.group(2)} s per step, {m.group(3)} s bisect")
+    else:  # why: pytest's failure lines (its last line alone was a warning's)
+        why = [ln for ln in text.splitlines() if ln.startswith(("E ", "FAILED", "ERROR"))][:12]
+        print("  no figures (the test did not get that far):")
+        print("\n".join("    " + ln[:300] for ln in why or text.strip().splitlines()[-12:]))
 
 
 def main() -> None:
