@@ -15,6 +15,7 @@ OpInfo and ``harness.components``). Every list of cases is derived from ``REGIST
   harness.production.engine.cases.ENGINE_CASES       kind "engine"
   harness.commands.compare.DEFAULT_BISECT_ENGINE_CASES  kind "engine", role "bisect"
   harness.commands.compare.GRAPH_BISECT_ENGINE_CASES    role "graph-bisect"
+  harness.commands.compare.REFERENCE_ONLY_BISECT_CASES  role "reference-bisect"
   harness.commands.compare.CT_BISECT_CASES / RELOAD_BISECT_CASES  roles "ct-bisect" / "reload-bisect"
 
 A record is the case's id, its kind, its roles, the regimes it is chosen for and its parameters
@@ -42,12 +43,14 @@ KINDS: Mapping[str, str] = MappingProxyType({
 
 ROLES: Mapping[str, str] = MappingProxyType({
     "golden": "the goldens' case set: reference goldens (kind reference), production goldens and host "
-              "baselines (kind module; the same set as the module bisect cases, so no bisect case is "
-              "judged against the reference only)",
+              "baselines (kind module; the same set as the module bisect cases)",
     "bisect": "bisect-check's default set (engine cases first, then the side-by-side cases)",
     "graph-bisect": "what bisect-check --graphs adds: the speculator in CUDA graphs, as served",
-    "ct-bisect": "what bisect-check --compressed-tensors adds (judged against the reference; no production golden)",
-    "reload-bisect": "what bisect-check --reload adds (judged against the reference; no production golden)",
+    "reference-bisect": "bisect-check's default set beyond the goldens: a deployed configuration's cheapest "
+                        "case (FP8 KV cache, compressed-tensors, weights reloaded in place), judged against the "
+                        "reference only (no production golden; the run says so)",
+    "ct-bisect": "what bisect-check --compressed-tensors adds to --case's cases (the default set holds it)",
+    "reload-bisect": "what bisect-check --reload adds to --case's cases (the default set holds it)",
     "fp8": "block-FP8 checkpoints (quant fp8 / fp8-ue8m0): side_by_side --fp8, the FP8 emulation",
     "modelopt": "ModelOpt FP8_PB_WO checkpoints: side_by_side --modelopt",
     "fp8-kv": "served with an FP8 KV cache (kv_cache_dtype fp8: fp8_ds_mla rows on the sparse layers)",
@@ -343,7 +346,8 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # FP8 KV cache (--kv-cache-dtype fp8): the draft's sparse MLA stores vLLM's packed fp8_ds_mla
     # rows (e4m3 latent, a power-of-two scale per tile of 128, bf16 rope) and the FP8 sparse
     # decode kernel reads them back; contexts (160, 157) longer than index_topk 128
-    _mod(GpuCase("tiny-k2-long-fp8kv", requests=2, tokens=160, steps=2, seed=26, kv_cache_dtype="fp8"), "fp8-kv"),
+    _mod(GpuCase("tiny-k2-long-fp8kv", requests=2, tokens=160, steps=2, seed=26, kv_cache_dtype="fp8"), "fp8-kv",
+         "reference-bisect"),
     # compressed-tensors FP8 (quant_method compressed-tensors, no mtp_quant_algo: inherited). The ignore
     # list in llm-compressor's form (re:.*self_attn\.linear_gate$ ...) matches the draft prefixes as
     # they are: vLLM keeps the gate bf16 and builds the rest FP8 (CompressedTensorsW8A8Fp8 linears,
@@ -351,7 +355,7 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # output row, per-token activations; block: 128x128 scales, per-128-group activations.
     _mod(GpuCase("tiny-k2-ct-fp8-channel-long", requests=2, tokens=160, steps=2, seed=26,
                  quant="compressed-tensors-fp8", expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
-         "compressed-tensors", "ct-bisect"),
+         "compressed-tensors", "ct-bisect", "reference-bisect"),
     _mod(GpuCase("tiny-k2-ct-fp8-block-long", requests=2, tokens=160, steps=2, seed=27,
                  quant="compressed-tensors-fp8-block",
                  expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
@@ -371,7 +375,7 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # weights updated in place: set A (seed) loaded and run, the drafter reloaded with set B
     # (reload_seed: every stored tensor differs, the sink, expert bias and FP8 scales included) through
     # vLLM's layerwise reload_weights, run again and judged against set B's reference
-    _mod(GpuCase("tiny-k2-reload", steps=2, seed=41, reload_seed=42), "reload", "reload-bisect"),
+    _mod(GpuCase("tiny-k2-reload", steps=2, seed=41, reload_seed=42), "reload", "reload-bisect", "reference-bisect"),
     _mod(GpuCase("tiny-k2-fp8-reload", steps=2, seed=43, reload_seed=44, quant="fp8"), "reload"),
     # configs the SM90 kernels refuse (kept to document the constraint; expected to raise)
     _mod(GpuCase("probe-topk4", overrides=(("index_topk", 4),), requests=2, tokens=8, steps=2, seed=10), "probe"),

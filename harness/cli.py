@@ -379,12 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the graph-bisect cases: K = 3 with and without index sharing): for a change to graph capture, padding or the "
                         "speculator's lifecycle hooks")
     b.add_argument("--compressed-tensors", action="store_true",
-                   help="also judge a compressed-tensors channel-FP8 checkpoint (tiny-k2-ct-fp8-channel-long, "
-                        "against the reference): for a change to compressed-tensors loading or its FP8 kernels")
+                   help="with --case: also judge the compressed-tensors channel-FP8 checkpoint "
+                        "(tiny-k2-ct-fp8-channel-long, against the reference; the default set holds it)")
     b.add_argument("--reload", action="store_true",
-                   help="also judge the drafter's weights updated in place through vLLM's layerwise reload "
-                        "(tiny-k2-reload, against the reference): for a change to reload_weights or to how a "
-                        "parameter reaches its kernels")
+                   help="with --case: also judge the drafter's weights updated in place through vLLM's layerwise "
+                        "reload (tiny-k2-reload, against the reference; the default set holds it)")
     b.add_argument("--allow-unjudged", action="store_true",
                    help="exit 0, not 125, when the judged parts pass but a golden part could not be judged "
                         "(the NOT JUDGED lines stay)")

@@ -74,11 +74,9 @@ def _default_engines() -> tuple[str, ...]:
     every other CUDA-graph engine case (each its own configuration of capture, torch.compile and
     draft-decode kernels: K, index sharing, padded batch sizes). A bisect case with two MTP layers
     runs vLLM's multi-module speculator, whose input kernels (Triton) no one-layer case builds."""
-    from harness.case_registry import specs
+    from ..production.engine.cases import BISECT_ENGINE_CASE_IDS, ENGINE_CASES
 
-    from ..production.engine.cases import ENGINE_CASES
-
-    bisect = [*specs(role="bisect", kind="engine"), *specs(role="graph-bisect", kind="engine")]
+    bisect = list(BISECT_ENGINE_CASE_IDS)
     # (a reload case runs through the engine's reload path, not run_case; its graph kernels are
     # those of the same configuration without the reload)
     graphs = [cid for cid, spec in ENGINE_CASES.items() if spec.graphs]

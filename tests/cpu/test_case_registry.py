@@ -49,6 +49,7 @@ def test_every_derived_list_keeps_its_ids_and_order():
     assert compare.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share", "engine-graphs-accept-k3-noshare")
     assert compare.CT_BISECT_CASES == ("tiny-k2-ct-fp8-channel-long",)
     assert compare.RELOAD_BISECT_CASES == ("tiny-k2-reload",)
+    assert compare.REFERENCE_ONLY_BISECT_CASES == ("tiny-k2-long-fp8kv", "tiny-k2-ct-fp8-channel-long", "tiny-k2-reload")
     # the registry lists every case once: the reference, module (GPU then probe) and engine cases
     assert reg.ids() == reference + GPU + tuple(prod.PROBE_CASES) + ENGINE
 

@@ -298,16 +298,28 @@ def test_stale_parameters_names_what_the_reload_left_behind():
     assert unchanged_since_set_a(after, a) == ["sink: stale: still holds set A's value after the reload"]
 
 
-def test_bisect_check_flags_add_the_cheapest_representatives():
+def test_the_default_bisect_set_holds_a_case_of_each_deployed_configuration():
+    """bisect-check's default set holds the cheapest case of each deployed configuration (FP8 KV cache,
+    compressed-tensors, reload), judged against the reference only; --compressed-tensors / --reload add
+    theirs to --case's cases; a baseline does not record them (never judged against one)."""
     import argparse
 
-    from harness.commands.compare import REFERENCE_ONLY_BISECT_CASES, bisect_case_ids
+    from harness.commands.compare import (DEFAULT_BISECT_CASES, REFERENCE_ONLY_BISECT_CASES, _side_by_side_ids,
+                                          bisect_case_ids)
+    from harness.production.cases import GPU_CASES
 
     base = bisect_case_ids(argparse.Namespace(case=None))
-    both = bisect_case_ids(argparse.Namespace(case=None, compressed_tensors=True, reload=True))
-    assert both == [*base, "tiny-k2-ct-fp8-channel-long", "tiny-k2-reload"]
-    assert set(both) - set(base) == set(REFERENCE_ONLY_BISECT_CASES)
+    assert set(REFERENCE_ONLY_BISECT_CASES) <= set(base) and not set(REFERENCE_ONLY_BISECT_CASES) & set(DEFAULT_BISECT_CASES)
+    kinds = {(GPU_CASES[c].kv_cache_dtype, GPU_CASES[c].quant, GPU_CASES[c].reload_seed is not None)
+             for c in REFERENCE_ONLY_BISECT_CASES}
+    assert any(k[0] == "fp8" for k in kinds) and any(k[1].startswith("compressed-tensors") for k in kinds) \
+        and any(k[2] for k in kinds), kinds
+    assert bisect_case_ids(argparse.Namespace(case=None, compressed_tensors=True, reload=True)) == base
     assert bisect_case_ids(argparse.Namespace(case=["tiny-k1"], reload=True)) == ["tiny-k1", "tiny-k2-reload"]
+    assert bisect_case_ids(argparse.Namespace(case=["tiny-k1"], compressed_tensors=True)) == \
+        ["tiny-k1", "tiny-k2-ct-fp8-channel-long"]
+    recorded = _side_by_side_ids(argparse.Namespace(case=None, record_baseline="/tmp/b"))
+    assert recorded == list(DEFAULT_BISECT_CASES)
 
 
 # ---- vLLM on a faked CUDA platform (tests/cpu/_vllm_config_probe.py, conftest's vllm_probe) ----------

@@ -32,3 +32,7 @@ ENGINE_CASES: dict[str, EngineCase] = specs(kind="engine")
 
 # weights updated in place (role "reload"): generate with set A, reload the drafter with set B, judge
 RELOAD_ENGINE_CASES: dict[str, EngineCase] = specs(role="reload", kind="engine")
+
+# every engine case a bisect-check runs, --graphs included (roles "bisect", "graph-bisect")
+BISECT_ENGINE_CASE_IDS: tuple[str, ...] = (*specs(role="bisect", kind="engine"),
+                                           *specs(role="graph-bisect", kind="engine"))
