@@ -4,9 +4,9 @@
 - xdist workers for the CPU tier when the command line does not choose (``default_workers``;
   ``$HYV4_PYTEST_WORKERS``), the mode each worker learns from the controller, and the GPU
   tier's balanced order under worksteal (``xdist_schedule``);
-- per process: the cyclic GC paused while collecting then frozen, glibc's large-block tuning
-  (a host without a GPU only), one intra-op torch thread per CPU test module, the ``gc_paused``
-  fixture for a heavy import inside a test;
+- per process: the cyclic GC paused while collecting then frozen, glibc's large-block tuning and
+  the seeded weights drawn once (``weights_memo``) (a host without a GPU only), one intra-op
+  torch thread per CPU test module, the ``gc_paused`` fixture for a heavy import inside a test;
 - an xdist worker's share of the host (one GPU each on a host with several, bounded CPU threads);
 - ``$HYV4_JIT_CACHE`` applied, the project's bytecode compiled once before the workers start;
 - ``$HYV4_TIMELINE``: where each process's wall time goes (``pytest_timeline``).
@@ -56,7 +56,11 @@ def default_workers(config) -> tuple[int, str]:
     it). It stays serial where that pays better or is needed: one test
     file, a GPU visible (GPU tests must not share the device between
     workers), the GPU / real-checkpoint tiers (`-m`), --update-goldens
-    (the manifest is rewritten), -s, --pdb/--trace, --collect-only.
+    (the manifest is rewritten), -s, --pdb/--trace, --collect-only, and
+    `-m vllm_facing` (.ci/run's pass in each other vLLM release: nearly every
+    test there reads vLLM in process, so each worker imported it, beside the
+    background probe's own import; measured on CI's 2 cores: 25-27 s on 2
+    workers, 16-17 s serial with the probe's readers last).
     HYV4_PYTEST_WORKERS=N|auto|0 sets it; `-n N` / `-p no:xdist` win.
     """
     env = os.environ.get(WORKERS_ENV, "").strip().lower()
@@ -76,6 +80,8 @@ def default_workers(config) -> tuple[int, str]:
     markexpr = getattr(o, "markexpr", "") or ""
     if "gpu" in markexpr or "real_checkpoint" in markexpr:
         return 0, f"-m {markexpr!r}"
+    if markexpr.strip() == "vllm_facing":  # each worker would import vLLM (~6 s of CPU) beside the probe's own
+        return 0, "-m 'vllm_facing': one vLLM import"
     if getattr(o, "update_goldens", False) or getattr(o, "usepdb", False) or getattr(o, "trace", False) \
             or getattr(o, "collectonly", False) or getattr(o, "capture", "fd") == "no":
         return 0, "a serial-only option"
@@ -208,7 +214,10 @@ _GC_TUNED_KEY = pytest.StashKey[bool]()  # this process pauses / freezes (pytest
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
-    if session.config.stash.get(_GC_TUNED_KEY, False):
+    if session.config.stash.get(_GC_TUNED_KEY, False):  # a host without a GPU
+        from .weights_memo import install
+
+        install()  # the seeded weights drawn once per process (the tests' modules are imported now)
         _settle_the_heap(session.config)
 
 

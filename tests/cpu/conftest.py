@@ -65,8 +65,9 @@ def _probe_dir(tmp_path_factory) -> pathlib.Path:
 # a contiguous slice and steals from the tail, so they run on the first worker, one import); next the
 # modules whose module-scoped memo pays only within one process (``ONE_WORKER = True``:
 # test_production_fp8_prep's reference replays), so they are not split between the workers; the tests
-# that wait for the background probe (``vllm_probe``) go to the back (by then it has finished).
-# Only the order changes: every test still runs, with the same fixtures.
+# that wait for the background probe (``vllm_probe``) go to the back (by then it has finished); a serial
+# run (`-m vllm_facing` is one) moves only those to the back. Only the order changes: every test still
+# runs, with the same fixtures.
 
 def _xdist_order(item) -> int:
     if "vllm_probe" in getattr(item, "fixturenames", ()):
@@ -91,7 +92,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _vllm_facing(item):
             item.add_marker(pytest.mark.vllm_facing)
-    if not hasattr(config, "workerinput"):  # serial: the order as written
+    if not hasattr(config, "workerinput"):  # serial: the order as written, the probe's readers last
+        items[:] = sorted(items, key=lambda item: _xdist_order(item) == 3)  # (stable)
         return
     items[:] = sorted(items, key=_xdist_order)  # stable: the written order within each group
 

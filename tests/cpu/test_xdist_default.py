@@ -49,6 +49,7 @@ def test_the_cpu_tier_runs_on_workers(no_gpu):
     dict(args=["tests/cpu/test_goldens.py::test_goldens_stay_small", "tests/cpu/test_goldens.py"]),
     dict(auto=1),                                                   # one CPU
     dict(markexpr="gpu"), dict(markexpr="multigpu"), dict(markexpr="real_checkpoint"),
+    dict(markexpr="vllm_facing"),                                   # one vLLM import, not one per worker
     dict(update_goldens=True), dict(usepdb=True), dict(trace=True), dict(collectonly=True), dict(capture="no"),
 ])
 def test_serial_where_workers_do_not_pay_or_would_interfere(no_gpu, case):
@@ -64,6 +65,12 @@ def test_the_command_line_wins(no_gpu, option):
     C.pytest_cmdline_main(cfg)
     assert (cfg.option.numprocesses, cfg.option.dist, cfg.option.tx) == (
         option.get("numprocesses"), option.get("dist", "no"), option.get("tx", []))
+
+
+def test_only_the_vllm_facing_pass_itself_is_serial(no_gpu):
+    cfg = _config(markexpr="not vllm_facing")
+    C.pytest_cmdline_main(cfg)
+    assert (cfg.option.numprocesses, cfg.option.dist) == (2, "worksteal")
 
 
 def test_the_environment_variable(no_gpu, monkeypatch):
@@ -150,6 +157,42 @@ def test_the_gc_and_malloc_tuning_stays_off_a_gpu_host(monkeypatch):
         assert calls == ["malloc"] and cpu.stash[C._GC_TUNED_KEY] and not gc.isenabled()
     finally:
         (gc.enable if was_enabled else gc.disable)()
+
+
+def test_the_weights_memo_gives_each_caller_the_first_draws_values_in_its_own_tensors():
+    """``weights_memo``: a repeated stream draw of the same (config, seed) is the first draw's
+    values in fresh tensors (a caller that plants a bug in place changes nobody else's), another
+    seed or config is drawn, ``per-tensor`` always draws, and at most ``max_bytes`` are kept."""
+    import torch
+
+    from harness.ci_speed import weights_memo
+    from harness.presets import preset
+    from reference import MTPConfig
+    from reference.weights import random_weights as original
+
+    draws = []
+
+    def counted(cfg, seed, *, draw="stream"):
+        draws.append((seed, draw))
+        return original(cfg, seed, draw=draw)
+
+    cfg = MTPConfig.from_hf_dict(preset("tiny"))
+    size = sum(t.nbytes for t in original(cfg, 0).values())
+    rw = weights_memo.memoized(counted, max_bytes=2 * size)
+    first = rw(cfg, 0)
+    first["layers.0.attn.q_a_proj"].zero_()  # planted in place: the next caller does not see it
+    again = rw(cfg, 0)
+    fresh = original(cfg, 0)
+    assert list(again) == list(fresh) and all(torch.equal(again[k], v) for k, v in fresh.items())
+    assert draws == [(0, "stream")]
+    rw(cfg, 1), rw(cfg, 0, draw="per-tensor"), rw(cfg, 0, draw="per-tensor")
+    assert draws == [(0, "stream"), (1, "stream"), (0, "per-tensor"), (0, "per-tensor")]
+    rw(cfg, 2)  # a third set: the least recently used (seed 0) goes
+    rw(cfg, 1), rw(cfg, 0)
+    assert draws[4:] == [(2, "stream"), (0, "stream")]
+    small = weights_memo.memoized(counted, max_bytes=size - 1)
+    small(cfg, 5), small(cfg, 5)
+    assert draws[-2:] == [(5, "stream"), (5, "stream")]  # too big to keep: drawn each time
 
 
 def test_the_controller_compiled_the_projects_sources(tmp_path, monkeypatch):
