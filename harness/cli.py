@@ -444,4 +444,33 @@ def main(argv: list[str] | None = None) -> int:
     from .ci_speed import model_info_prefetch
     if model_info_prefetch.wanted(args):
         model_info_prefetch.start()  # vLLM's model-class inspection, cold: beside the imports, not after them
-    return run_guarded(args.func, args, debug=args.debug)
+    watch = _jit_watch(args)
+    code = run_guarded(args.func, args, debug=args.debug)
+    if watch is not None and code in (0, 1):  # a judged run: did it compile what a warmup should have?
+        watch()
+    return code
+
+
+# the commands that run vLLM's kernels and judge them: with a cache root, each says at its end what
+# it compiled there (every engine subprocess included), so a kernel a warmup misses is named at once
+_JIT_WATCHED = ("cmd_bisect_check", "cmd_compare", "cmd_mutants", "cmd_main_job")
+
+
+def _jit_watch(args):
+    """With ``$HYV4_JIT_CACHE`` and a watched command: a callable printing ``compiled_line`` of the run."""
+    import os
+
+    from .ci_speed import jit_cache
+
+    root = os.environ.get(jit_cache.JIT_CACHE_ENV)
+    if not root or getattr(args.func, "__name__", "") not in _JIT_WATCHED or not os.path.isdir(root):
+        return None
+    before = jit_cache.snapshot(root)
+
+    def report() -> None:
+        try:
+            built = jit_cache.compiled_since(before, jit_cache.snapshot(root))
+        except OSError:
+            return
+        print(jit_cache.compiled_line(root, built), flush=True)
+    return report

@@ -211,3 +211,67 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
     print(f"bytecode: compiled {len(todo)} package dir(s) into {prefix} in {time.perf_counter() - t0:.1f} s "
           f"({os.cpu_count()} cores): {', '.join(todo)}", file=sys.stderr, flush=True)
     return todo
+
+
+# ---- what a run compiled: the cache root before and after ----------------------------------------
+# Not compilations: this host's bytecode and package map, lock files, logs, DeepGEMM's `.committed`
+# markers (touched on every use) and vLLM's model-class inspection (`modelinfos`, model info JSON).
+_NOT_COMPILED_LAYERS = ("pycache", "python-metadata")
+_NOT_COMPILED_SUFFIXES = (".lock", ".log", ".committed", ".ninja_log", ".ninja_deps")
+
+
+def snapshot(root: str) -> dict[str, tuple[int, int]]:
+    """{path relative to ``root``: (size, mtime_ns)} of the compiled layers' files (cheap: one walk,
+    ~2,400 files on a warmed SM90 host); {} when ``root`` is not a folder."""
+    import os
+
+    out = {}
+    root = os.path.abspath(os.path.expanduser(root))
+    for var, sub in JIT_CACHE_LAYOUT.items():
+        if sub in _NOT_COMPILED_LAYERS:
+            continue
+        for dirpath, _dirs, files in os.walk(os.path.join(root, sub)):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                out[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, list[str]]:
+    """{layer: sorted names of what was built} from two ``snapshot``s: a Triton kernel by its name, a
+    FlashInfer or DeepGEMM module by its folder, any other layer by its new files' names."""
+    import os
+
+    built: dict[str, set[str]] = {}
+    for rel, stat in after.items():
+        if before.get(rel) == stat or rel.endswith(_NOT_COMPILED_SUFFIXES):
+            continue
+        parts = rel.split(os.sep)
+        layer = parts[0]
+        if layer == "vllm" and ("modelinfos" in parts or parts[-1].endswith("model-info.json")):
+            continue
+        if layer == "triton":
+            if not parts[-1].endswith(".cubin"):
+                continue  # one kernel writes ~8 files; its cubin names it
+            name = parts[-1][:-len(".cubin")]
+        elif layer == "flashinfer" and "cached_ops" in parts:
+            name = parts[parts.index("cached_ops") + 1]
+        elif layer == "deep_gemm" and "cache" in parts and len(parts) > parts.index("cache") + 1:
+            name = parts[parts.index("cache") + 1].split(".")[0]
+        else:
+            name = parts[-1]
+        built.setdefault(layer, set()).add(name)
+    return {layer: sorted(names) for layer, names in sorted(built.items())}
+
+
+def compiled_line(root: str, built: dict[str, list[str]]) -> str:
+    """One line: what this run compiled under ``root``, or that it compiled nothing."""
+    if not built:
+        return f"JIT: nothing compiled under {root} during this run (warm)"
+    return (f"JIT: compiled under {root} during this run (a warmup does not cover it): "
+            + "; ".join(f"{layer} {len(names)}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                        for layer, names in built.items()))

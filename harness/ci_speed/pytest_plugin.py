@@ -107,6 +107,29 @@ def pytest_cmdline_main(config):
 _WORKERS_KEY = pytest.StashKey[str]()
 
 
+_JIT_BEFORE = pytest.StashKey[dict]()
+
+
+def _watch_the_jit_cache(config) -> None:
+    """On a GPU host with a cache root: the root's compiled files now, for the session's last line
+    (``pytest_terminal_summary``: what the run compiled, every worker and subprocess included)."""
+    from .jit_cache import JIT_CACHE_ENV, snapshot
+
+    root = os.environ.get(JIT_CACHE_ENV)
+    if root and os.path.isdir(root) and gpu_device_nodes():
+        config.stash[_JIT_BEFORE] = snapshot(root)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    before = config.stash.get(_JIT_BEFORE, None)
+    if before is None:
+        return
+    from .jit_cache import JIT_CACHE_ENV, compiled_line, compiled_since, snapshot
+
+    root = os.environ[JIT_CACHE_ENV]
+    terminalreporter.write_line(compiled_line(root, compiled_since(before, snapshot(root))))
+
+
 def pytest_report_header(config):
     return config.stash.get(_WORKERS_KEY, None)
 
@@ -121,6 +144,7 @@ def pytest_configure(config):
         _share_the_host(config.workerinput)
     else:
         _compile_the_project()
+        _watch_the_jit_cache(config)
     if os.environ.get(TIMELINE_ENV):  # where the wall time goes, per process (pytest_timeline)
         from .pytest_timeline import Recorder
         config.pluginmanager.register(Recorder(config, os.environ[TIMELINE_ENV]), "hyv4-timeline")

@@ -1,0 +1,76 @@
+"""What a judged run compiled under the JIT cache root (``harness.ci_speed.jit_cache.compiled_since``,
+printed by ``harness.cli`` at the end of bisect-check, compare, mutants and the main job): a kernel
+a warmup does not cover is named by its library and name; locks, logs, markers, bytecode and
+vLLM's model inspection are no compilation."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from harness.ci_speed import jit_cache
+
+
+def _write(root, rel: str, data: bytes = b"x") -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _warm_root(root) -> None:
+    _write(root, "triton/AAAA/fused_moe_kernel.cubin")
+    _write(root, "triton/AAAA/fused_moe_kernel.json")
+    _write(root, "flashinfer/.cache/flashinfer/0.7.4/90a/cached_ops/fp8_blockscale_gemm_90/fp8_blockscale_gemm_90.so")
+    _write(root, "deep_gemm/cache/sm90_fp8_gemm_1d2d.2001c0b3/kernel.cubin")
+    _write(root, "deep_gemm/cache/sm90_fp8_gemm_1d2d.2001c0b3/.committed")
+
+
+def test_new_kernels_are_named_by_library_and_the_rest_is_not_a_compilation(tmp_path):
+    _warm_root(tmp_path)
+    before = jit_cache.snapshot(str(tmp_path))
+    assert len(before) == 5
+    # not compilations: a lock, a log, a touched marker, bytecode, the package map, model inspection
+    _write(tmp_path, "flashinfer/.cache/flashinfer/0.7.4/90a/cached_ops/tmp/sampling.lock")
+    _write(tmp_path, "flashinfer/.cache/flashinfer/0.7.4/90a/flashinfer_jit.log")
+    os.utime(tmp_path / "deep_gemm/cache/sm90_fp8_gemm_1d2d.2001c0b3/.committed", ns=(1, 10**18))
+    _write(tmp_path, "pycache/x.cpython-312.pyc")
+    _write(tmp_path, "python-metadata/packages.json")
+    _write(tmp_path, "vllm/modelinfos/vllm-models-hy_v4-HYV4MTP.json")
+    assert jit_cache.compiled_since(before, jit_cache.snapshot(str(tmp_path))) == {}
+    assert "nothing compiled" in jit_cache.compiled_line(str(tmp_path), {})
+    # compilations: a Triton kernel (its ~8 files, one name), a FlashInfer module, a DeepGEMM kernel,
+    # a changed file of another layer
+    for ext in ("cubin", "json", "llir", "ptx", "ttir"):
+        _write(tmp_path, f"triton/BBBB/_shift_input_ids_kernel.{ext}")
+    _write(tmp_path, "triton/CCCC/fused_moe_kernel.cubin")  # another variant of a warmed kernel
+    _write(tmp_path, "flashinfer/.cache/flashinfer/0.7.4/90a/cached_ops/sampling/sampling.so")
+    _write(tmp_path, "deep_gemm/cache/sm90_fp8_paged_mqa_logits.b823/kernel.cubin")
+    _write(tmp_path, "cuda/ComputeCache/index", b"yy")
+    built = jit_cache.compiled_since(before, jit_cache.snapshot(str(tmp_path)))
+    assert built == {"cuda": ["index"], "deep_gemm": ["sm90_fp8_paged_mqa_logits"], "flashinfer": ["sampling"],
+                     "triton": ["_shift_input_ids_kernel", "fused_moe_kernel"]}
+    line = jit_cache.compiled_line(str(tmp_path), built)
+    assert line.startswith("JIT: compiled under ") and "triton 2: _shift_input_ids_kernel, fused_moe_kernel" in line
+    assert "\n" not in line
+
+
+def test_the_cli_watches_judged_commands_under_a_cache_root_only(tmp_path, monkeypatch, capsys):
+    from harness import cli
+
+    _warm_root(tmp_path)
+    monkeypatch.setenv(jit_cache.JIT_CACHE_ENV, str(tmp_path))
+
+    def cmd_compare(args):
+        return 0
+    watch = cli._jit_watch(argparse.Namespace(func=cmd_compare))
+    _write(tmp_path, "triton/DDDD/_cache_inputs_kernel.cubin")
+    watch()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"JIT: compiled under {tmp_path} during this run (a warmup does not cover it): "
+                   "triton 1: _cache_inputs_kernel"], out
+
+    def cmd_synth(args):
+        return 0
+    assert cli._jit_watch(argparse.Namespace(func=cmd_synth)) is None  # compiles nothing: not watched
+    monkeypatch.delenv(jit_cache.JIT_CACHE_ENV)
+    assert cli._jit_watch(argparse.Namespace(func=cmd_compare)) is None  # no root: nothing to watch
