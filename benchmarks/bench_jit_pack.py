@@ -9,9 +9,9 @@ bytecode, no package map cached):
   pack          `warmup --lanes 4 --pack DIR/<release>/pack` into an empty root: the warmup's
                 seconds, then the pack's parts, bytes and files (what a bundle carries)
   bare          `bisect-check` on an empty root: the first verdict without a pack
-  restored      `warmup --restore PACK --restore-only` on an empty root, then `bisect-check`:
-                the first verdict with the pack; the JIT files that appeared in the root's
-                packed layers during that bisect-check are counted (0: nothing compiled)
+  restored      `warmup --restore PACK --restore-only` into the root it was packed from, emptied
+                (FlashInfer's builds name their absolute paths), then `bisect-check`: the first
+                verdict with the pack; what it compiled there is named (none: nothing compiled)
   refused       the OTHER release's pack restored here: it must be refused (one line naming
                 the key fields) and leave the root's layers empty
   install       with --bundle REL=PARTS_DIR: `tools/offline-bundle/install.sh` into
@@ -98,14 +98,21 @@ def bench_release(name: str, python: pathlib.Path, out: pathlib.Path, env: dict,
         r["pack"].update(parts=len(parts), bytes=sum(p.stat().st_size for p in parts), files=int(m.get("files", 0)),
                          key={f: m[f] for f in ("vllm", "flashinfer", "torch", "cuda", "capability")})
     step("bare", [py, "-m", "harness", "bisect-check", "--report", str(out / "bare.json")], _fresh(out / "jit-bare"))
-    root = _fresh(out / "jit-restored")
+    # restored into the root it was packed from, emptied first, as a fresh host restores into the
+    # conventional /tmp/jit-VERSION: FlashInfer's ninja builds name their absolute paths and rebuild
+    # under another root
+    from harness.ci_speed.jit_cache import compiled_since, snapshot
+
+    root = _fresh(out / "jit-src")
     step("restore", [py, "-m", "harness", "warmup", "--restore", str(pack), "--restore-only"], root)
-    before = _layer_files(root)
+    before = snapshot(str(root))
     step("restored", [py, "-m", "harness", "bisect-check", "--report", str(out / "restored.json")], root)
-    r["restored"]["jit_files_compiled"] = _layer_files(root) - before
+    built = compiled_since(before, snapshot(str(root)))
+    r["restored"]["jit_files_compiled"] = sum(len(v) for v in built.values())
+    r["restored"]["jit_compiled"] = built
     if tier:
         step("tier-bare", [str(ROOT / ".ci" / "gpu-tier"), str(out / "tier-bare")], _fresh(out / "jit-tier-bare"))
-        root = _fresh(out / "jit-tier-restored")
+        root = _fresh(out / "jit-src")
         step("tier-restore", [py, "-m", "harness", "warmup", "--restore", str(pack), "--restore-only"], root)
         step("tier-restored", [str(ROOT / ".ci" / "gpu-tier"), str(out / "tier-restored")], root)
 
@@ -176,8 +183,9 @@ def print_table(res: dict, link_mb_s: float) -> None:
               f"{cell(restored)}  -> first verdict {cell(with_)}"
               + (f"  ({with_ / without:.2f}x of without; target {'met' if with_ <= TARGET_FIRST_VERDICT_S else 'MISSED'})"
                  if with_ and without else ""))
-        print(f"    JIT files compiled by bisect-check after the restore: "
-              f"{(r.get('restored') or {}).get('jit_files_compiled', '-')} (0: nothing compiled)")
+        print(f"    JIT modules compiled by bisect-check after the restore: "
+              f"{(r.get('restored') or {}).get('jit_files_compiled', '-')} (0: nothing compiled) "
+              f"{(r.get('restored') or {}).get('jit_compiled') or ''}")
         for key, v in r.items():
             if key.startswith("refused-"):
                 print(f"    {key[len('refused-'):]}'s pack here: {'refused' if v['refused'] else 'NOT REFUSED'}")
