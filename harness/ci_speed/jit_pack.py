@@ -491,12 +491,11 @@ def _refresh_mtimes(tree: str) -> None:
     rebuilds an output older than its inputs, and on a fresh host the libraries' sources were
     installed after the pack was made. Seen on one H200: a pack restored under another root
     rebuilt FlashInfer's FP8 block GEMM and sampling modules (the first bisect-check took 102 s)."""
-    now = None
     for dirpath, dirnames, filenames in os.walk(tree):
         for name in filenames + dirnames:
             path = os.path.join(dirpath, name)
             if not os.path.islink(path):
-                os.utime(path, now)
+                os.utime(path)
 
 
 def _unpack(parts: list[str], dest: str, layers: set[str], where: str) -> None:

@@ -152,6 +152,13 @@ class ProbeResults:
     def build(self, hf: dict) -> dict:
         return self._build[json.dumps(hf, sort_keys=True)]
 
+    def answer(self, mode: str, cid: str) -> dict:
+        """``config`` / ``load`` / ``walk`` answer for ``cid``, failing the test with the probe's
+        traceback where vLLM crashed on it."""
+        d = getattr(self, mode)[cid]
+        assert "crash" not in d, d["crash"]
+        return d
+
 
 @pytest.fixture(scope="session")
 def vllm_probe(_vllm_probe_started, tmp_path_factory) -> ProbeResults:

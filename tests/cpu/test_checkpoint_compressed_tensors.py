@@ -145,30 +145,27 @@ def test_loader_refuses_bad_configs_naming_the_key(tmp_path, edit, key):
 def test_loader_refuses_tensors_the_config_does_not_describe(tmp_path):
     path, _ = _write(tmp_path)
     t = load_file(str(path / "model.safetensors"))
-    bad = dict(t)  # an ignored module stored FP8
-    bad[GATE + ".weight"] = t[GATE + ".weight"].to(torch.float8_e4m3fn)
-    bad[GATE + ".weight_scale"] = torch.ones(t[GATE + ".weight"].shape[0], 1)
-    save_file(bad, str(path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"linear_gate\.weight: stored as float8_e4m3fn, but "
-                                              r"quantization_config\.ignore excludes it"):
-        load_checkpoint(path)
-    bad = dict(t)  # a scale under the Fp8Config name: vLLM's compressed-tensors layers load weight_scale
-    s = "model.mtp_layers.0.self_attn.o_proj.weight_scale"
-    bad[s + "_inv"] = bad.pop(s)
-    save_file(bad, str(path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"o_proj.weight_scale_inv: .*loads \.weight_scale"):
-        load_checkpoint(path)
-    bad = dict(t)  # an expert scale under the Fp8Config name
-    s = "model.mtp_layers.0.mlp.experts.1.gate_proj.weight_scale"
-    bad[s + "_inv"] = bad.pop(s)
-    save_file(bad, str(path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"experts\.1\.gate_proj\.weight_scale_inv: .*weight_scale"):
-        load_checkpoint(path)
-    bad = dict(t)  # a channel scale of the wrong shape
-    bad["model.mtp_layers.0.self_attn.o_proj.weight_scale"] = torch.ones(1, 256)
-    save_file(bad, str(path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"o_proj\.weight_scale: scale shape \[1, 256\], expected \[256, 1\]"):
-        load_checkpoint(path)
+    o_scale = "model.mtp_layers.0.self_attn.o_proj.weight_scale"
+    expert_scale = "model.mtp_layers.0.mlp.experts.1.gate_proj.weight_scale"
+
+    def renamed(name):  # a scale under the Fp8Config name: vLLM's compressed-tensors layers load weight_scale
+        return lambda bad: bad.__setitem__(name + "_inv", bad.pop(name))
+
+    edits = [  # (what the checkpoint gets wrong, the loader's line)
+        (lambda bad: bad.update({GATE + ".weight": t[GATE + ".weight"].to(torch.float8_e4m3fn),  # an ignored module stored FP8
+                                 GATE + ".weight_scale": torch.ones(t[GATE + ".weight"].shape[0], 1)}),
+         r"linear_gate\.weight: stored as float8_e4m3fn, but quantization_config\.ignore excludes it"),
+        (renamed(o_scale), r"o_proj.weight_scale_inv: .*loads \.weight_scale"),
+        (renamed(expert_scale), r"experts\.1\.gate_proj\.weight_scale_inv: .*weight_scale"),
+        (lambda bad: bad.__setitem__(o_scale, torch.ones(1, 256)),  # a channel scale of the wrong shape
+         r"o_proj\.weight_scale: scale shape \[1, 256\], expected \[256, 1\]"),
+    ]
+    for edit, line in edits:
+        bad = dict(t)
+        edit(bad)
+        save_file(bad, str(path / "model.safetensors"))
+        with pytest.raises(CheckpointError, match=line):
+            load_checkpoint(path)
 
 
 def test_fused_experts_are_refused_by_synth():
@@ -330,14 +327,10 @@ _DRAFT_GATE = "model.layers.2.mtp_block.self_attn.linear_gate"
 _DRAFT_EXPERTS = "model.layers.2.mtp_block.mlp.experts.routed_experts"
 
 
-def _answer(d: dict) -> dict:
-    assert "crash" not in d, d["crash"]
-    return d
-
 
 @pytest.mark.parametrize("case_id", CT_IDS)
 def test_vllm_config_for_compressed_tensors_cases(vllm_probe, case_id):
-    d = _answer(vllm_probe.config[case_id])
+    d = vllm_probe.answer("config", case_id)
     assert d["quantization"] == d["draft_quantization"] == "compressed-tensors"
     assert d["quant_config"] == "CompressedTensorsConfig" and d["draft_mtp_quant_algo"] is None
 
@@ -349,7 +342,7 @@ def test_vllm_load_weights_takes_the_compressed_tensors_checkpoint(vllm_probe, c
     unquantized, the rest with compressed-tensors methods, and the audit finds nothing."""
     from harness.production.cases import GPU_CASES
 
-    d = _answer(vllm_probe.load[case_id])
+    d = vllm_probe.answer("load", case_id)
     assert d["mismatches"] == [] and d["quant_problems"] == [], (d["mismatches"][:4], d["quant_problems"][:4])
     assert all(n.rsplit(".", 1)[1] in ("k_scale", "v_scale", "q_scale", "prob_scale") for n in d["unloaded"]), d["unloaded"]
     methods = d["quant_methods"]
@@ -367,7 +360,7 @@ def test_vllm_builds_the_checkpoint_named_ignores_quantized_and_the_audit_names_
     value reaches; the audit names them first, as vLLM's gap, and explains their unloaded scales."""
     from harness.production.module.audit import unexplained_by_gaps
 
-    d = _answer(vllm_probe.load["tiny-k2-ct-fp8-mtp-names"])
+    d = vllm_probe.answer("load", "tiny-k2-ct-fp8-mtp-names")
     methods, problems = d["quant_methods"], d["quant_problems"]
     assert methods[_DRAFT_GATE] == "CompressedTensorsLinearMethod", methods[_DRAFT_GATE]
     assert not methods[_DRAFT_EXPERTS].startswith("Unquantized"), methods[_DRAFT_EXPERTS]
@@ -387,7 +380,7 @@ def test_planted_regex_ignore_bug_builds_the_gate_fp8_and_the_audit_names_it(vll
 
     m = mutants.BY_NAME["ct-ignore-regex-dropped"]
     assert (m.case, m.component) == ("tiny-k2-ct-fp8-channel-long", "attn.gate") and m.build_patch is not None
-    d = _answer(vllm_probe.load[PLANTED])
+    d = vllm_probe.answer("load", PLANTED)
     assert d["quant_methods"][_DRAFT_GATE] == "CompressedTensorsLinearMethod", d["quant_methods"][_DRAFT_GATE]
     assert [p.split(": ", 1)[0] for p in d["quant_problems"]] == [_DRAFT_GATE], d["quant_problems"]
     assert "quantization_config.ignore excludes it" in d["quant_problems"][0]

@@ -351,14 +351,10 @@ VLLM_PROBE = {"config": list(MODELOPT_IDS), "load": [*MODELOPT_IDS, PLANTED]}
 _KV_SCALES = ["model.layers.2.mtp_block.self_attn.mla_attn." + s for s in ("k_scale", "prob_scale", "q_scale", "v_scale")]
 
 
-def _answer(d: dict) -> dict:
-    assert "crash" not in d, d["crash"]
-    return d
-
 
 @pytest.mark.parametrize("case_id", MODELOPT_IDS)
 def test_vllm_config_for_modelopt_cases(vllm_probe, case_id):
-    d = _answer(vllm_probe.config[case_id])
+    d = vllm_probe.answer("config", case_id)
     assert d["quantization"] == d["draft_quantization"] == "modelopt" and d["quant_config"] == "ModelOptFp8Config"
     assert d["draft_mtp_quant_algo"] is None  # the MTP layers inherit the ModelOpt config
     assert d["draft_quantization_config"]["quant_algo"] == "FP8_PB_WO"
@@ -372,7 +368,7 @@ def test_vllm_load_weights_takes_the_modelopt_checkpoint(vllm_probe, case_id):
     modules (its proof of the exclusion path) are built unquantized."""
     from harness.production.cases import GPU_CASES
 
-    d = _answer(vllm_probe.load[case_id])
+    d = vllm_probe.answer("load", case_id)
     assert d["unloaded"] == _KV_SCALES and d["warnings"] == [] and d["mismatches"] == [], d
     assert d["quant_problems"] == []
     methods = d["quant_methods"]
@@ -391,7 +387,7 @@ def test_vllm_load_weights_takes_the_modelopt_checkpoint(vllm_probe, case_id):
 def test_planted_exclusion_bug_is_named_first(vllm_probe):
     """The planted bug on vLLM's own build: the gate gets a quantized method, its scale no value,
     and the audit's first problem names the gate module."""
-    d = _answer(vllm_probe.load[PLANTED])
+    d = vllm_probe.answer("load", PLANTED)
     assert d["quant_problems"][0].startswith(f"{GATE}: quantization_config.exclude_modules excludes it")
     assert d["quant_methods"][GATE] == "ModelOptLinearMethod"
     assert GATE + ".weight_scale" in d["unloaded"]

@@ -367,13 +367,9 @@ def test_rejudge_reports_missing_traces(tmp_path):
 VLLM_PROBE = {"config": ["tiny-k1", SPLIT, FUSED], "load": [SPLIT, FUSED]}
 
 
-def _answer(d: dict) -> dict:
-    assert "crash" not in d, d["crash"]
-    return d
-
 
 def test_vllm_config_for_fp8_cases(vllm_probe):
-    lines = {cid: _answer(vllm_probe.config[cid]) for cid in ("tiny-k1", SPLIT, FUSED)}
+    lines = {cid: vllm_probe.answer("config", cid) for cid in ("tiny-k1", SPLIT, FUSED)}
     assert lines["tiny-k1"]["quantization"] is None and lines["tiny-k1"]["quant_config"] is None
     for cid in (SPLIT, FUSED):
         d = lines[cid]
@@ -389,7 +385,7 @@ def test_vllm_load_weights_takes_the_fp8_checkpoint(vllm_probe, case_id):
     """HYV4MTP.load_weights (vLLM's own code, built on CPU): every parameter loaded, no warning, and the
     dequantized parameters equal the reference weights exactly (FP8 bytes + scales, fused/split
     experts, .scale renaming + uint8->e8m0, FP8 wk dequantized into wk_weights_proj)."""
-    d = _answer(vllm_probe.load[case_id])
+    d = vllm_probe.answer("load", case_id)
     assert d["unloaded"] == [] and d["warnings"] == [] and d["mismatches"] == [], d
     dt = d["dtypes"]
     qb = "model.layers.2.mtp_block.self_attn.q_b_proj.weight"
