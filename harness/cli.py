@@ -25,10 +25,8 @@ def _load_case_inputs(args):
     from .presets import preset
 
     if not args.ckpt.startswith("preset:"):
-        try:
-            from .checkpoint.loader import load_checkpoint
-        except ImportError as exc:  # the loader lands with the checkpoint issue
-            raise CLIError(f"checkpoint loading is not available: {exc}") from exc
+        from .checkpoint.loader import load_checkpoint
+
         loaded = load_checkpoint(args.ckpt)
         return loaded.hf_config, loaded.cfg, loaded.weights
     name = args.ckpt.split(":", 1)[1]
@@ -164,17 +162,17 @@ def cmd_synth(args) -> int:
     return synth_command(args)
 
 
-def _on_production(command: str, args) -> int:
-    """Run ``harness.commands.compare.<command>`` or exit 125 where production cannot run.
+def _on_production(args, validate, run, start_early=None) -> int:
+    """``run(args)`` (a command of ``harness.commands``) or exit 125 where production cannot run.
 
-    Arguments are checked first (a wrong flag is exit 2 on any machine)."""
+    Arguments are checked first (``validate``: a wrong flag is exit 2 on any machine)."""
     from .production import can_run
-    from .commands import compare as compare_cli
+    from .production.engine.process import stop_engine_cases
 
-    compare_cli.validate_args(command, args)
+    validate(args)
     # what the command starts in subprocesses that check the host themselves (bisect-check's
     # engines) starts now, beside this process's own checks; stopped if they fail
-    early = compare_cli.start_early(command, args) if can_run.gpu_device_nodes() else []
+    early = start_early(args) if start_early is not None and can_run.gpu_device_nodes() else []
     try:
         reason = can_run.cannot_run_production_reason()
         if reason:
@@ -185,20 +183,20 @@ def _on_production(command: str, args) -> int:
         without = judged_without()  # a missing optional kernel, judged anyway on request: said first and last
         if without:
             print(f"warning: the verdict below is{without}")
-        run = getattr(compare_cli, command)
         code = run(args, started=early) if early else run(args)
         if without:
             print(f"verdict: exit {code}{without}")
         return code
     finally:
-        compare_cli.stop_engine_cases(early)  # those the command collected are stopped already
+        stop_engine_cases(early)  # those the command collected are stopped already
 
 
 def cmd_compare(args) -> int:
     """Side by side on the GPU; 125 where production cannot run."""
+    from .commands import compare
     from .commands.history import with_history
 
-    return with_history("compare", args, lambda: _on_production("compare_command", args))
+    return with_history("compare", args, lambda: _on_production(args, compare.validate_args, compare.compare_command))
 
 
 def cmd_main_job(args) -> int:
@@ -209,15 +207,15 @@ def cmd_main_job(args) -> int:
     An explicit target (CKPT_DIR, a preset, a case id, ``--tp``, ``--steps``, ``--seed``) is what
     the user asked about: on a host without the production path it is validated (2 on bad input)
     and the verdict is 125, cannot judge; never the goldens' 0, which is about something else."""
-    from .production import can_run
     from .commands.compare import validate_args
+    from .production import can_run
 
     explicit = [what for what, given in (
         (f"CKPT_DIR {args.ckpt}", args.ckpt is not None), (f"--tp {args.tp}", args.tp != 1),
         (f"--steps {args.steps}", args.steps is not None), (f"--seed {args.seed}", args.seed is not None)) if given]
     if args.ckpt is None:
         args.ckpt = DEFAULT_MAIN_TARGET
-    validate_args("compare_command", args)
+    validate_args(args)
     reason = can_run.cannot_run_production_reason()
     if reason is None:
         return cmd_compare(args)
@@ -276,10 +274,16 @@ def cmd_report(args) -> int:
 def cmd_bisect_check(args) -> int:
     """Side by side + goldens (or ``--baseline DIR``) for the default case set: 0 good, 1 bad,
     125 cannot judge (also: a golden part not judged, unless ``--allow-unjudged``);
-    ``--record-baseline DIR`` records the baseline instead."""
+    ``--record-baseline DIR`` records the baseline instead (``harness.commands.baseline``)."""
+    from .commands import baseline, bisect_check
     from .commands.history import with_history
 
-    return with_history("bisect-check", args, lambda: _on_production("bisect_command", args))
+    if args.record_baseline:
+        run, start_early = baseline.record_baseline_command, None
+    else:
+        run, start_early = bisect_check.bisect_command, bisect_check.start_early
+    return with_history("bisect-check", args,
+                        lambda: _on_production(args, bisect_check.validate_args, run, start_early))
 
 
 def cmd_mutants(args) -> int:
@@ -421,19 +425,157 @@ def build_parser() -> argparse.ArgumentParser:
     # answered by the goldens check (cmd_main_job)
     m.set_defaults(ckpt=None)
     m.set_defaults(func=cmd_main_job)
+
+    for name, (_, what) in TOOLS.items():  # listed here; run by main() with their own parsers
+        t = sub.add_parser(name, help=what, add_help=False,
+                           description=f"{what}. Its arguments are its own: python -m harness {name} --help")
+        t.add_argument("args", nargs="*", metavar="ARGS",
+                       help=f"its own arguments and flags (python -m harness {name} --help)")
     return p
+
+
+# The commands that keep an argument parser of their own: everything after the command's name is
+# handed to it as it is (``python -m harness engine --help`` is the engine's help). Each runner
+# imports its module when it runs, never before: the CLI's start-up imports no torch or vLLM, and
+# the engine's, goldens' and side by side's arguments are checked before theirs.
+def _run_engine(argv: list[str]) -> int:
+    from .ci_speed.jit_cache import apply_jit_cache
+
+    apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported
+    from .commands.engine import main as engine_main  # torch and vLLM only once its arguments are checked
+
+    return engine_main(argv)
+
+
+def _run_goldens(argv: list[str]) -> int:
+    from .ci_speed.jit_cache import apply_jit_cache
+
+    apply_jit_cache()  # $HYV4_JIT_CACHE, before torch and vLLM are imported
+    from .production.goldens.goldens_gpu import main as goldens_main  # imports torch
+
+    return goldens_main(argv)
+
+
+def _run_side_by_side(argv: list[str]) -> int:
+    from .ci_speed.jit_cache import apply_jit_cache
+
+    apply_jit_cache()  # $HYV4_JIT_CACHE, before torch and vLLM are imported
+    from .production.module.side_by_side import main as side_by_side_main  # imports torch
+
+    return side_by_side_main(argv)
+
+
+def _run_speculator_mutants(argv: list[str]) -> int:
+    from .production.engine.speculator_mutants import main as speculator_mutants_main
+
+    return speculator_mutants_main(argv)
+
+
+def _run_fp8_emulation(argv: list[str]) -> int:
+    from .production.verdict.fp8_emulation import main as fp8_emulation_main  # imports torch
+
+    return fp8_emulation_main(argv)
+
+
+def _run_kv_fp8_emulation(argv: list[str]) -> int:
+    from .production.verdict.kv_fp8_emulation import main as kv_fp8_emulation_main
+
+    return kv_fp8_emulation_main(argv)
+
+
+def _run_autobisect_step(argv: list[str]) -> int:
+    from .commands.autobisect import step_main
+
+    return step_main(argv)
+
+
+def _run_ci_timeline(argv: list[str]) -> int:
+    from .ci_speed.pytest_timeline import main as timeline_main
+
+    return timeline_main(argv)
+
+
+def _run_ci_schedule(argv: list[str]) -> int:
+    from .ci_speed.xdist_schedule import main as schedule_main
+
+    return schedule_main(argv)
+
+
+def _run_ci_prefetch(argv: list[str]) -> int:
+    from .ci_speed.model_info_prefetch import inspect_main
+
+    return inspect_main(argv)
+
+
+# ``python -m harness ci VERB``: the CI-speed machinery's own commands (harness/ci_speed/README.md)
+CI_VERBS = {
+    "timeline": (_run_ci_timeline, "DIR: where each process of a pytest run recorded with $HYV4_TIMELINE=DIR "
+                                   "spent its wall time"),
+    "schedule": (_run_ci_schedule, "JUNIT.xml DEST.json 'which run': record a GPU tier's test durations for "
+                                   "the xdist schedule (tests/gpu/durations.json)"),
+    "prefetch": (_run_ci_prefetch, "KEY: vLLM's model-class inspection, the background process a GPU command "
+                                   "starts (not run by hand)"),
+}
+
+
+def _run_ci(argv: list[str]) -> int:
+    import sys
+
+    from .exitcodes import printable
+
+    usage = "usage: python -m harness ci {" + ",".join(CI_VERBS) + "} ..."
+    if argv[:1] in (["-h"], ["--help"]):
+        print("\n".join([usage, ""] + [f"  {verb} {what}" for verb, (_, what) in CI_VERBS.items()]))
+        return EXIT_OK
+    if not argv or argv[0] not in CI_VERBS:
+        got = f"unknown command {argv[0]!r}" if argv else "a command is required"
+        print(printable(f"error: python -m harness ci: {got}; choose from {', '.join(CI_VERBS)}"), file=sys.stderr)
+        return EXIT_USAGE
+    return CI_VERBS[argv[0]][0](argv[1:])
+
+
+TOOLS = {
+    "engine": (_run_engine, "vLLM's own MTP speculator (vllm.LLM), one engine case per process: every draft "
+                            "forward recorded and replayed by the reference (0/1/2/125); --rejudge on CPU"),
+    "goldens": (_run_goldens, "production goldens of this platform: list, record, check (0/1/2/125)"),
+    "side-by-side": (_run_side_by_side, "the side-by-side cases by set (--fp8, --modelopt, --compressed-tensors, "
+                                        "--reload), traces saved; --rejudge on CPU (0/1/125)"),
+    "speculator-mutants": (_run_speculator_mutants, "the planted speculator bugs, each through bisect-check "
+                                                    "on its engine case, plus controls (0 all caught, 1, 125)"),
+    "fp8-emulation": (_run_fp8_emulation, "CPU: emulate vLLM's block-FP8 path to estimate the FP8 tolerances"),
+    "kv-fp8-emulation": (_run_kv_fp8_emulation, "CPU: emulate an FP8 KV cache to estimate its tolerances"),
+    "ci": (_run_ci, "the CI-speed tools: timeline DIR | schedule JUNIT DEST WHICH | prefetch KEY"),
+    "autobisect-step": (_run_autobisect_step, "one step of autobisect, as `git bisect run` runs it "
+                                              "(--step CONFIG; started by autobisect)"),
+}
+
+
+def _tool_call(argv: list[str]) -> tuple | None:
+    """(runner, its arguments) when ``argv`` names one of ``TOOLS`` (after the global ``--debug``,
+    which is handed on to it), else None."""
+    lead = 0
+    while lead < len(argv) and argv[lead] == "--debug":
+        lead += 1
+    if lead < len(argv) and argv[lead] in TOOLS:
+        return TOOLS[argv[lead]][0], argv[:lead] + argv[lead + 1:]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every error is one line and a contract exit code (``harness.exitcodes``)."""
     import sys
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    tool = _tool_call(argv)
+    if tool is not None:  # a command with its own parser: its checks, its exit codes
+        runner, rest = tool
+        return runner(rest)
     from .exitcodes import run_guarded
     from .input_checks import environment
     from .ci_speed.jit_cache import apply_jit_cache, precompile_bytecode
 
     # the documented environment variables first: $HYV4_JIT_CACHE is used just below
-    code = run_guarded(environment, debug="--debug" in (sys.argv[1:] if argv is None else argv))
+    code = run_guarded(environment, debug="--debug" in argv)
     if code:
         return code
     # $HYV4_JIT_CACHE: every JIT layer under one root, before torch is first imported (the

@@ -18,7 +18,7 @@ end that judges good, a judge that answers 2); 125 no single commit can be named
 commits left, the bad end cannot be judged, the bisect aborted); 130 / 143 interrupted (the tree
 restored first).
 
-``python -m harness.commands.autobisect --step CONFIG`` is the step ``git bisect run`` runs.
+``python -m harness autobisect-step --step CONFIG`` is the step ``git bisect run`` runs.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def cmd_autobisect(args) -> int:
         cfg_path.write_text(json.dumps(config, indent=1))
         # -P: the step runs in the source tree, whose folders (vllm/ ...) must not come first on sys.path
         safe = ["-P"] if sys.version_info >= (3, 11) else []
-        step = [sys.executable, *safe, "-m", "harness.commands.autobisect", "--step", str(cfg_path)]
+        step = [sys.executable, *safe, "-m", "harness", "autobisect-step", "--step", str(cfg_path)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         print(f"autobisect: {args.source} {args.good}..{args.bad}, session {session!r}, "
@@ -304,7 +304,7 @@ def run_step(cfg: dict) -> int:
 def step_main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m harness.commands.autobisect")
+    ap = argparse.ArgumentParser(prog="python -m harness autobisect-step")
     ap.add_argument("--step", required=True, metavar="CONFIG")
     a = ap.parse_args(argv)
     try:
@@ -314,6 +314,3 @@ def step_main(argv=None) -> int:
         return 128
     return run_step(cfg)
 
-
-if __name__ == "__main__":
-    sys.exit(step_main())

@@ -1,7 +1,7 @@
-"""``python -m harness.production.engine``'s arguments, checked before torch or vLLM is imported.
+"""``python -m harness engine``'s arguments, checked before torch or vLLM is imported.
 
-    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
-    python -m harness.production.engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
+    python -m harness engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
+    python -m harness engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
 
 What an engine run does: ``harness/production/engine/session.py``'s docstring (build, load,
 audit), ``taps.py`` (recording) and ``judge.py`` (replay, verdict, sweep, re-judge). Bad input is
@@ -16,19 +16,19 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import traceback
 
 from harness.atomic import atomic_write_json
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK
 from harness.production.engine.cases import ENGINE_CASES
+from harness.production.engine.process import ENGINE_COMMAND
 
 
 def main(argv=None) -> int:
     """Exit codes are ``harness.exitcodes``'s; an error is one line (``--debug``: with its traceback)."""
     from harness.exitcodes import OneLineParser, run_guarded
 
-    ap = OneLineParser(prog="python -m harness.production.engine", description=__doc__,
+    ap = OneLineParser(prog="python -m harness engine", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", choices=sorted(ENGINE_CASES),
                     help="case id (default: all)")
@@ -143,7 +143,7 @@ def run_checked(args, mutants) -> int:
         return EXIT_OK if not bad else EXIT_MISMATCH
     ids = args.case or list(ENGINE_CASES)
     if len(ids) > 1:  # one engine per process: vLLM's distributed state and GPU memory are per process
-        return worst_exit_code([subprocess.call([sys.executable, "-m", "harness.production.engine", "--case", cid]
+        return worst_exit_code([subprocess.call([*ENGINE_COMMAND, "--case", cid]
                                                 + (["--out", out] if out else [])
                                                 + (["--debug"] if args.debug else [])
                                                 + (["--history", args.history] if args.history else [])

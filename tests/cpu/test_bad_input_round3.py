@@ -35,7 +35,7 @@ class ProductionReached(AssertionError):
 def gpu_host(monkeypatch):
     """Looks like a GPU host; any production run, engine or mutant catalogue fails the test."""
     from harness.production import can_run
-    from harness.commands import compare as compare_cli
+    from harness.production.engine import process as engine_process
     from harness.production.module import side_by_side
 
     def must_not_run(*a, **kw):
@@ -43,7 +43,7 @@ def gpu_host(monkeypatch):
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", must_not_run)
-    monkeypatch.setattr(compare_cli, "start_engine_cases", must_not_run)
+    monkeypatch.setattr(engine_process, "start_engine_cases", must_not_run)
 
 
 def _one_line(result, want_code, *culprits):

@@ -25,7 +25,7 @@ FP8_KV = ("tiny-k2-long-fp8kv", "engine-accept-k3-share-fp8kv", "engine-graphs-a
 
 def test_every_derived_list_keeps_its_ids_and_order():
     from harness import cases, golden_check
-    from harness.commands import compare
+    from harness.commands import bisect_check
     from harness.production import cases as prod
     from harness.production.engine import cases as eng
     from harness.production.goldens import goldens_gpu
@@ -35,7 +35,7 @@ def test_every_derived_list_keeps_its_ids_and_order():
     assert cases.GOLDEN_CASES == golden_check.GOLDEN_CASES == reference
     assert tuple(prod.GPU_CASES) == GPU
     assert tuple(prod.PROBE_CASES) == ("probe-topk4", "probe-two-mtp-layers-naming")
-    assert prod.BISECT_CASES == compare.DEFAULT_BISECT_CASES == BISECT
+    assert prod.BISECT_CASES == bisect_check.DEFAULT_BISECT_CASES == BISECT
     assert goldens_gpu.GOLDEN_CASES == BISECT  # the goldens' set is the bisect's (no case judged by one only)
     assert prod.FP8_CASE_IDS == ("tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long")
     assert prod.MODELOPT_CASE_IDS == ("tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense",
@@ -45,11 +45,11 @@ def test_every_derived_list_keeps_its_ids_and_order():
     assert tuple(eng.RELOAD_ENGINE_CASES) == ("engine-reload-k2", "engine-graphs-reload-k2")
     assert tuple(eng.ENGINE_CASES) == ENGINE
     assert reg.ids(role="fp8-kv") == FP8_KV
-    assert compare.DEFAULT_BISECT_ENGINE_CASES == ("engine-accept-k3-share", "engine-accept-k2-two-layers")
-    assert compare.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share", "engine-graphs-accept-k3-noshare")
-    assert compare.CT_BISECT_CASES == ("tiny-k2-ct-fp8-channel-long",)
-    assert compare.RELOAD_BISECT_CASES == ("tiny-k2-reload",)
-    assert compare.REFERENCE_ONLY_BISECT_CASES == ("tiny-k2-long-fp8kv", "tiny-k2-ct-fp8-channel-long", "tiny-k2-reload")
+    assert bisect_check.DEFAULT_BISECT_ENGINE_CASES == ("engine-accept-k3-share", "engine-accept-k2-two-layers")
+    assert bisect_check.GRAPH_BISECT_ENGINE_CASES == ("engine-graphs-accept-k3-share", "engine-graphs-accept-k3-noshare")
+    assert bisect_check.CT_BISECT_CASES == ("tiny-k2-ct-fp8-channel-long",)
+    assert bisect_check.RELOAD_BISECT_CASES == ("tiny-k2-reload",)
+    assert bisect_check.REFERENCE_ONLY_BISECT_CASES == ("tiny-k2-long-fp8kv", "tiny-k2-ct-fp8-channel-long", "tiny-k2-reload")
     # the registry lists every case once: the reference, module (GPU then probe) and engine cases
     assert reg.ids() == reference + GPU + tuple(prod.PROBE_CASES) + ENGINE
 

@@ -301,8 +301,8 @@ def test_the_default_bisect_set_holds_a_case_of_each_deployed_configuration():
     theirs to --case's cases; a baseline does not record them (never judged against one)."""
     import argparse
 
-    from harness.commands.compare import (DEFAULT_BISECT_CASES, REFERENCE_ONLY_BISECT_CASES, _side_by_side_ids,
-                                          bisect_case_ids)
+    from harness.commands.bisect_check import (DEFAULT_BISECT_CASES, REFERENCE_ONLY_BISECT_CASES, bisect_case_ids,
+                                               side_by_side_ids)
     from harness.production.cases import GPU_CASES
 
     base = bisect_case_ids(argparse.Namespace(case=None))
@@ -315,7 +315,7 @@ def test_the_default_bisect_set_holds_a_case_of_each_deployed_configuration():
     assert bisect_case_ids(argparse.Namespace(case=["tiny-k1"], reload=True)) == ["tiny-k1", "tiny-k2-reload"]
     assert bisect_case_ids(argparse.Namespace(case=["tiny-k1"], compressed_tensors=True)) == \
         ["tiny-k1", "tiny-k2-ct-fp8-channel-long"]
-    recorded = _side_by_side_ids(argparse.Namespace(case=None, record_baseline="/tmp/b"))
+    recorded = side_by_side_ids(argparse.Namespace(case=None, record_baseline="/tmp/b"))
     assert recorded == list(DEFAULT_BISECT_CASES)
 
 

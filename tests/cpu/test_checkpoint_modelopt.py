@@ -241,7 +241,7 @@ def test_audit_bf16_and_fp8config(tmp_path):
 def test_modelopt_cases_and_mutant_are_registered():
     from harness import mutants
     from harness.production.cases import FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS
-    from harness.commands.compare import DEFAULT_BISECT_CASES
+    from harness.commands.bisect_check import DEFAULT_BISECT_CASES
 
     assert set(MODELOPT_CASE_IDS) == {"tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense",
                                       "tiny-k2-modelopt-layer-bf16-dense"}

@@ -330,7 +330,7 @@ def _production_raises(monkeypatch, exc):
     from harness.production import can_run
     from harness.production.module import side_by_side
 
-    from harness.commands import compare as compare_cli
+    from harness.production.engine import process as engine_process
 
     def run_case(case, **kw):
         raise exc
@@ -342,7 +342,7 @@ def _production_raises(monkeypatch, exc):
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", run_case)
-    monkeypatch.setattr(compare_cli, "start_engine_cases", start_engine_cases)
+    monkeypatch.setattr(engine_process, "start_engine_cases", start_engine_cases)
 
 
 UNLOADED = ["model.layers.3.mtp_block.mlp.gate.e_score_correction_bias: received no checkpoint value",
@@ -732,6 +732,6 @@ def test_compare_refuses_steps_and_seed_with_a_case_id(capsys, flags):
     for cid in (next(iter(GPU_CASES)), next(iter(ENGINE_CASES))):
         _assert_one_line(*_run(capsys, "compare", cid, *flags), 2, cid, flags[0])
     args = build_parser().parse_args(["compare", "preset:tiny", *flags])
-    validate_args("compare_command", args)
+    validate_args(args)
     case = _case_for(args)
     assert case.steps == (3 if "--steps" in flags else 2) and case.seed == (7 if "--seed" in flags else 0)

@@ -125,8 +125,8 @@ ALLOWED = {
                         "harness.env_vars"),
 }
 # The command layer, top of the stack: argument checking, printing, exit codes. Nothing below it
-# imports it at any level; only the entry points (``__main__`` modules: ``python -m ...`` shims
-# that nothing imports) reach up to run their command.
+# imports it at any level; only the entry point (``harness/__main__.py``, which nothing imports)
+# reaches up to run it.
 COMMANDS = ("harness.cli", "harness.commands")
 # Planted bugs: imported by the command layer only; they may import production, never the reverse.
 MUTANTS = ("harness.mutants",)
@@ -181,8 +181,7 @@ def test_nothing_imports_upward():
     # the rule has teeth: the modules it must see are there, and it sees what they import
     assert "harness.commands.compare" in MODULES and "harness.commands.engine" in MODULES
     assert "harness.mutants" in _imports("harness.commands.compare", MODULES["harness.commands.compare"], False)
-    assert "harness.commands.engine" in _imports("harness.production.engine.__main__",
-                                                 MODULES["harness.production.engine.__main__"], False)
+    assert "harness.commands.engine" in _imports("harness.cli", MODULES["harness.cli"], False)
 
 
 def test_the_command_and_production_layers_have_no_cycle_at_any_level():
@@ -199,11 +198,10 @@ def test_the_command_and_production_layers_have_no_cycle_at_any_level():
 CI_SPEED = "harness.ci_speed"
 ENTRY_POINTS_INTO_CI_SPEED = {
     "harness.__main__": ("harness.ci_speed.startup_gc", "harness.ci_speed.model_info_prefetch"),
+    # warmup: the `harness warmup` command's arguments; pytest_timeline, xdist_schedule and
+    # model_info_prefetch: `harness ci timeline|schedule|prefetch`
     "harness.cli": ("harness.ci_speed.jit_cache", "harness.ci_speed.model_info_prefetch",
-                    "harness.ci_speed.warmup"),  # warmup: the `harness warmup` command's arguments
-    "harness.production.engine.__main__": ("harness.ci_speed.jit_cache", "harness.ci_speed.startup_gc"),
-    "harness.production.goldens_gpu": ("harness.ci_speed.jit_cache",),  # python -m shims
-    "harness.production.side_by_side": ("harness.ci_speed.jit_cache",),
+                    "harness.ci_speed.warmup", "harness.ci_speed.pytest_timeline", "harness.ci_speed.xdist_schedule"),
 }
 # What ci_speed may import from the numeric harness: the shared plumbing of every command (atomic
 # writes, the exit-code contract, input checks, the process clock and exit) anywhere; the rest only where a module must.

@@ -85,10 +85,10 @@ def test_the_platform_key_leaves_the_vllm_version_out(tmp_path, monkeypatch):
 
 
 def test_the_golden_cases_are_the_default_bisect_set_and_the_checked_in_goldens_fit():
-    from harness.commands import compare as compare_cli
+    from harness.commands import bisect_check
     from harness.production.cases import BISECT_CASES
 
-    assert g.GOLDEN_CASES == BISECT_CASES and compare_cli.DEFAULT_BISECT_CASES is BISECT_CASES
+    assert g.GOLDEN_CASES == BISECT_CASES and bisect_check.DEFAULT_BISECT_CASES is BISECT_CASES
     assert "tiny-k2-fp8-ue8m0-fused-scale-long" in g.GOLDEN_CASES
     size = sum(p.stat().st_size for p in goldens.ROOT.rglob("*") if p.is_file() and not goldens.is_obtained(p))
     assert size < 5 * 2**20, f"goldens/ holds {size} bytes: re-record the long cases at ROW_CAP {g.ROW_CAP}"

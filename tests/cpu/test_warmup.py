@@ -368,7 +368,7 @@ def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     assert engines[0] == DEFAULT_ENGINE_CASE and set(graphs) <= set(engines) and len(graphs) >= 3
     # every engine case bisect-check runs (with --graphs too): the two-MTP-layer bisect case runs
     # vLLM's multi-module speculator, whose Triton input kernels no one-layer case builds
-    from harness.commands.compare import DEFAULT_BISECT_ENGINE_CASES, GRAPH_BISECT_ENGINE_CASES
+    from harness.commands.bisect_check import DEFAULT_BISECT_ENGINE_CASES, GRAPH_BISECT_ENGINE_CASES
     assert {*DEFAULT_BISECT_ENGINE_CASES, *GRAPH_BISECT_ENGINE_CASES} <= set(engines)
     assert any(ENGINE_CASES[e].overrides and dict(ENGINE_CASES[e].overrides).get("num_nextn_predict_layers") == 2
                for e in engines)

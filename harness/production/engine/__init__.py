@@ -2,7 +2,8 @@
 forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
 
     cases.py               the engine cases (torch-free: case ids are checked before anything heavy)
-    __main__.py            ``python -m harness.production.engine``: runs ``harness.commands.engine``
+    process.py             engine subprocesses (``python -m harness engine``, one per case): start, collect,
+                           stop; the CPU threads of the process beside them
     session.py             build the engine, reach the drafter, load and audit its weights
     taps.py                the eager taps: every draft forward and target forward recorded
     graph_tap.py           the graph-mode taps at the speculator's Python seams
@@ -14,7 +15,6 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
 
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
-``harness.production.verdict``; never ``harness.commands`` or ``harness.mutants`` (the
-``__main__.py`` entry point excepted: nothing imports it). ``replay.py`` and ``bookkeeping.py``
+``harness.production.verdict``; never ``harness.commands`` or ``harness.mutants``. ``replay.py`` and ``bookkeeping.py``
 never import vLLM.
 """

@@ -3,7 +3,7 @@
 Each mutant patches a class or module attribute of vLLM's V2 speculators
 (``vllm/v1/worker/gpu/spec_decode/``, reached through ``harness.production.vllm_compat``) in this process, before the engine is built,
 and names the engine case that must catch it and the quantity the first failing
-line must name. Nothing on disk changes. Used by ``python -m harness.production.engine
+line must name. Nothing on disk changes. Used by ``python -m harness engine
 --mutant NAME`` (or ``HYV4_SPECULATOR_MUTANT=NAME``, which ``bisect-check`` passes on
 to its engine runs) and by ``python -m harness mutants --speculator``.
 """
@@ -303,7 +303,8 @@ def run_catalogue(names=None, *, report: str | None = None, log=print) -> dict:
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(description="planted speculator bugs through bisect-check (GPU host)")
+    ap = argparse.ArgumentParser(prog="python -m harness speculator-mutants",
+                                 description="planted speculator bugs through bisect-check (GPU host)")
     ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
     ap.add_argument("--report", default=None, metavar="R.json")
     args = ap.parse_args(argv)
@@ -319,6 +320,3 @@ def main(argv=None) -> int:
           f"{s['named_first']}/{s['mutants']} named first; controls {'ok' if s['controls_ok'] else 'FAILED'}")
     return 0 if s["caught"] == s["mutants"] and s["named_first"] == s["mutants"] and s["controls_ok"] else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

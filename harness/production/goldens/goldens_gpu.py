@@ -11,15 +11,14 @@ under another root, recorded by the user at a known-good vLLM. Both are judged t
 golden entry, ``goldens.check(PRODUCTION, case_id, prod, root=...)``: on a mismatch the obtained
 trace is written beside the golden (``<case>.obtained.safetensors``) and a line names both files.
 
-    python -m harness.production.goldens_gpu record [--root DIR] [--case ID ...]   # 0: every case recorded
-    python -m harness.production.goldens_gpu check [--root DIR] [--case ID ...]    # 0 / 1 / 125 (not judged)
-    python -m harness.production.goldens_gpu list [--root DIR]                     # CPU: each golden's platform
+    python -m harness goldens record [--root DIR] [--case ID ...]   # 0: every case recorded
+    python -m harness goldens check [--root DIR] [--case ID ...]    # 0 / 1 / 125 (not judged)
+    python -m harness goldens list [--root DIR]                     # CPU: each golden's platform
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
@@ -301,7 +300,7 @@ def _judge(case_id: str, prod: dict, tensors: dict, entry: dict, root: Path) -> 
     report.meta.update(case=case_id, kind=KIND, root=str(root), recorded_with=_recorded_with(entry))
     if predates:
         report.meta["stale"] = (f"golden recorded before {', '.join(predates)} was stored: re-record "
-                                f"(python -m harness.production.goldens_gpu record); those are not judged")
+                                f"(python -m harness goldens record); those are not judged")
     return report
 
 
@@ -431,7 +430,7 @@ def main(argv=None) -> int:
     golden for this platform, never 0)."""
     from harness.exitcodes import OneLineParser, run_guarded
 
-    ap = OneLineParser(prog="python -m harness.production.goldens_gpu", description=__doc__,
+    ap = OneLineParser(prog="python -m harness goldens", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=("record", "check", "list"))
     ap.add_argument("--case", action="append", help=f"case id (default: {', '.join(GOLDEN_CASES)})")
@@ -488,6 +487,3 @@ def _command(args) -> int:
         status = worst([status, code, *(EXIT_CANNOT_JUDGE for _ in not_judged)])
     return status
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """Reference vs vLLM's production ``HYV4MTP``: run one case both ways and compare.
 
-    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--modelopt] [--compressed-tensors] [--reload]
-                                              [--out DIR] [--save-traces]
-    python -m harness.production.side_by_side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
+    python -m harness side-by-side [--case ID ...] [--fp8] [--modelopt] [--compressed-tensors] [--reload]
+                                   [--out DIR] [--save-traces]
+    python -m harness side-by-side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
 
 ``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``), ``--compressed-tensors`` the
 compressed-tensors ones (``CT_CASE_IDS``), ``--reload`` the weights-updated-in-place ones
@@ -26,7 +26,6 @@ import dataclasses
 import glob
 import json
 import os
-import sys
 import time
 import traceback
 
@@ -275,7 +274,8 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m harness side-by-side", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(GPU_CASES)})")
     ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(FP8_CASE_IDS)})")
     ap.add_argument("--modelopt", action="store_true",
@@ -361,6 +361,3 @@ def main(argv=None) -> int:
     atomic_write_json(os.path.join(out, "side_by_side.json"), summary, default=str)
     return worst
 
-
-if __name__ == "__main__":
-    sys.exit(main())

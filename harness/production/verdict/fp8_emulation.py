@@ -34,7 +34,7 @@ in ``linear`` for the weights vLLM holds in FP8 (recognised by storage);
 like a production trace and judges it with ``verdict.judge.judge`` against the
 EXACT reference, which gives the max errors the FP8 tolerances start from.
 
-    python -m harness.production.verdict.fp8_emulation [--case ID ...] [--variant ...]
+    python -m harness fp8-emulation [--case ID ...] [--variant ...]
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
 import torch
 
@@ -256,7 +255,8 @@ def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
 
 def main(argv=None) -> int:
     from harness.production.cases import GPU_CASES
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m harness fp8-emulation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8 case)")
     ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 30, 31, ...")
@@ -276,6 +276,3 @@ def main(argv=None) -> int:
             json.dump(agg, f, indent=1)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,14 +11,13 @@ with ``verdict.judge.judge`` (bf16 tolerances, no FP8-KV widening) and prints pe
 max |d| vs EXACT and the atol needed at the table's rtol, next to the same run with a bf16 cache:
 the starting point of ``harness.components.KV_CACHE_FP8_ATOL`` (2x the max |d|).
 
-    python -m harness.production.verdict.kv_fp8_emulation [--case ID ...] [--extra-seeds N]
+    python -m harness kv-fp8-emulation [--case ID ...] [--extra-seeds N]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 
 import reference as R
 
@@ -54,7 +53,8 @@ def measure(case) -> dict:
 def main(argv=None) -> int:
     from harness.production.cases import GPU_CASES
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m harness kv-fp8-emulation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8-KV module case)")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 40, 41, ...")
     args = ap.parse_args(argv)
@@ -78,6 +78,3 @@ def main(argv=None) -> int:
               f"{b['max_abs']:15.3e} {b['atol_needed']:12.3e}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
