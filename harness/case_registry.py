@@ -5,7 +5,7 @@ OpInfo and ``harness.components``). Every list of cases is derived from ``REGIST
   harness.production.cases.GPU_CASES                 kind "module", without role "probe"
   harness.production.cases.PROBE_CASES               role "probe"
   harness.production.cases.BISECT_CASES              kind "module", role "bisect": bisect-check's
-    (= commands.compare.DEFAULT_BISECT_CASES)        side-by-side set, in its report order
+    (= commands.bisect_check.DEFAULT_BISECT_CASES)        side-by-side set, in its report order
   harness.production.goldens.goldens_gpu.GOLDEN_CASES  kind "module", role "golden"
   harness.production.cases.FP8_CASE_IDS              role "fp8"
   harness.production.cases.MODELOPT_CASE_IDS         role "modelopt"
@@ -13,10 +13,10 @@ OpInfo and ``harness.components``). Every list of cases is derived from ``REGIST
   harness.production.cases.RELOAD_CASE_IDS           kind "module", role "reload"
   harness.production.engine.cases.RELOAD_ENGINE_CASES  kind "engine", role "reload"
   harness.production.engine.cases.ENGINE_CASES       kind "engine"
-  harness.commands.compare.DEFAULT_BISECT_ENGINE_CASES  kind "engine", role "bisect"
-  harness.commands.compare.GRAPH_BISECT_ENGINE_CASES    role "graph-bisect"
-  harness.commands.compare.REFERENCE_ONLY_BISECT_CASES  role "reference-bisect"
-  harness.commands.compare.CT_BISECT_CASES / RELOAD_BISECT_CASES  roles "ct-bisect" / "reload-bisect"
+  harness.commands.bisect_check.DEFAULT_BISECT_ENGINE_CASES  kind "engine", role "bisect"
+  harness.commands.bisect_check.GRAPH_BISECT_ENGINE_CASES    role "graph-bisect"
+  harness.commands.bisect_check.REFERENCE_ONLY_BISECT_CASES  role "reference-bisect"
+  harness.commands.bisect_check.CT_BISECT_CASES / RELOAD_BISECT_CASES  roles "ct-bisect" / "reload-bisect"
 
 A record is the case's id, its kind, its roles, the regimes it is chosen for and its parameters
 (``spec``: a ``Case``, ``GpuCase`` or ``EngineCase``, the per-kind payload the runners read).

@@ -531,7 +531,11 @@ def _run_ci(argv: list[str]) -> int:
         got = f"unknown command {argv[0]!r}" if argv else "a command is required"
         print(printable(f"error: python -m harness ci: {got}; choose from {', '.join(CI_VERBS)}"), file=sys.stderr)
         return EXIT_USAGE
-    return CI_VERBS[argv[0]][0](argv[1:])
+    runner, what = CI_VERBS[argv[0]]
+    if argv[1:] in (["-h"], ["--help"]):  # these take positional arguments only: their usage line
+        print(f"usage: python -m harness ci {argv[0]} {what}")
+        return EXIT_OK
+    return runner(argv[1:])
 
 
 TOOLS = {

@@ -123,7 +123,7 @@ _MLP = Tolerance(1e-1, 3e-2, "routed (clamped SwiGLU, fp32 top-k weights) + shar
 # CPU-estimated, then checked on the GPU: atol = 2x the max |d| vs EXACT (for indexer.q_deq: 2x
 # the atol needed at rtol 0.13; for indexer.scores: 2x the largest score gap of a swapped top-k
 # member) seen by
-#     python -m harness.production.verdict.fp8_emulation --extra-seeds 6
+#     python -m harness fp8-emulation --extra-seeds 6
 # i.e. the reference with PRODUCTION numerics + that activation quantization (+ the UE8M0 weight
 # re-quantization), in 3 variants (deepgemm-e8m0: pow2 activation scales + re-quantized weights,
 # the SM90 default at M >= 32; requant-fp32-act: FlashInfer at M < 32; fp32-scales), over the FP8
@@ -348,7 +348,7 @@ QUANT_PRECISION: Mapping[str, str] = MappingProxyType({"modelopt-fp8-pb": "fp8",
 # to 2^-3 of it) apart, and a tile whose amax sits near a power of two of 448 s gets the other
 # scale (every element of it rounded on a grid twice as fine or coarse: up to 2^-4 of it apart).
 # Those latent differences reach the attention logits and the value sum, then every component
-# after it. CPU-estimated by ``python -m harness.production.verdict.kv_fp8_emulation --extra-seeds 5``
+# after it. CPU-estimated by ``python -m harness kv-fp8-emulation --extra-seeds 5``
 # (the reference with PRODUCTION numerics and the FP8 cache as production's stand-in, judged like a
 # production trace; tiny-k2-long-fp8kv and 5 more seeds): a component whose atol needed at its rtol
 # (in brackets, max over the 6 seeds) exceeds half its bf16 atol (less than 2x headroom) gets 2x

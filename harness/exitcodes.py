@@ -17,8 +17,8 @@
 
 Every command reports an error as exactly one line (``error: ...`` for 2,
 ``vLLM load failed: ...`` for 1, ``cannot judge: ...`` for 125); ``--debug``
-adds the traceback. ``harness.cli``, ``harness.commands.compare``,
-``harness.production.engine`` and ``harness.mutants`` all go through here.
+adds the traceback. ``harness.cli``, ``harness.commands``, ``harness.production.engine`` and
+``harness.mutants`` all go through here.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ Layout (one module per component area; the catalogue is derived from the compone
 
 May import: torch, vLLM (lazily), ``reference``, ``harness`` and ``harness.production``
 (``cases``, ``module``, ``engine.speculator_mutants``); nothing in ``harness`` below
-``harness.cli`` / ``harness.commands.compare`` imports it at module level.
+``harness.cli`` / ``harness.commands`` imports it at module level.
 """
 
 from .base import Ctx, Mutant, MutantNotApplicable, Planted, need

@@ -510,7 +510,7 @@ def test_a_signal_mid_write_leaves_nothing(sig, code, word, tmp_path, capsys):
 
 
 def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
-    """An entry point interrupted mid-write (``python -m harness.ci_speed.xdist_schedule``, no
+    """An entry point interrupted mid-write (``python -m harness ci schedule``, no
     torch): one line, 130, no traceback, no temp file."""
     import sys
 
@@ -524,7 +524,7 @@ def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
     junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    r = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(junit), str(tmp_path / "d.json"), "r"],
+    r = subprocess.run([sys.executable, "-m", "harness", "ci", "schedule", str(junit), str(tmp_path / "d.json"), "r"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                        # SIGINT as an interactive shell leaves it (a background job inherits it ignored)
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

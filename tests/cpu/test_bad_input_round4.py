@@ -260,7 +260,7 @@ def test_a_signal_during_the_swap_waits_for_it(name, tmp_path, monkeypatch, caps
 
 
 def test_sighup_of_a_real_entry_point(tmp_path):
-    """A program (``python -m harness.ci_speed.xdist_schedule``, no torch) hung up mid-write: 129,
+    """A program (``python -m harness ci schedule``, no torch) hung up mid-write: 129,
     one line, no temp file."""
     (tmp_path / "sitecustomize.py").write_text(
         "import os, signal, harness.atomic as a\n"
@@ -272,7 +272,7 @@ def test_sighup_of_a_real_entry_point(tmp_path):
     junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    r = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(junit), str(tmp_path / "d.json"),
+    r = subprocess.run([sys.executable, "-m", "harness", "ci", "schedule", str(junit), str(tmp_path / "d.json"),
                         "r"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     assert r.returncode == 129 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
@@ -448,11 +448,11 @@ def test_a_stdout_that_cannot_be_written(err, code, monkeypatch, capsys):
 
 
 def test_stdout_to_dev_full_and_a_closed_pipe_end_in_one_line_or_quietly(tmp_path):
-    """``python -m harness.ci_speed.pytest_timeline DIR`` (no torch) prints a table to stdout."""
+    """``python -m harness ci timeline DIR`` (no torch) prints a table to stdout."""
     (tmp_path / "main.jsonl").write_text(json.dumps({"who": "main", "event": "process", "t": 1.0}) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "-m", "harness.ci_speed.pytest_timeline", str(tmp_path)]
+    cmd = [sys.executable, "-m", "harness", "ci", "timeline", str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("process"), (r.stdout, r.stderr)
     with open("/dev/full", "w") as full:

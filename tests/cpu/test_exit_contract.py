@@ -693,9 +693,9 @@ def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys)
      "error: unknown preset 'nope'; choose one of tiny, small, real-dims"),
     (["-m", "harness", "reference", "preset:tiny", "--out", "{tmp}/x.safetensors", "--device", "cuda",
       "--steps", "0"], 2, "error: --steps, --requests, --tokens and --tp must be >= 1"),
-    (["-m", "harness.production.engine", "--mutant", "nope"], 2, "error: --mutant nope: unknown speculator mutant"),
-    (["-m", "harness.production.engine", "--sweep"], 2, "error: --sweep needs exactly one --case"),
-    (["-m", "harness.production.engine", "--case", "engine-tiny-k2"], 125, "cannot judge: no CUDA device"),
+    (["-m", "harness", "engine", "--mutant", "nope"], 2, "error: --mutant nope: unknown speculator mutant"),
+    (["-m", "harness", "engine", "--sweep"], 2, "error: --sweep needs exactly one --case"),
+    (["-m", "harness", "engine", "--case", "engine-tiny-k2"], 125, "cannot judge: no CUDA device"),
 ])
 def test_answered_before_torch_is_imported(tmp_path, argv, code, line):
     """These answers need no torch: a torch that ends the process with exit 99 when imported

@@ -141,7 +141,7 @@ def test_recording_from_bad_input_exits_2_in_one_line_and_writes_nothing(tmp_pat
 
     (tmp_path / "bad.xml").write_text("<testsuites><testcase")
     dest = tmp_path / "durations.json"
-    p = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(tmp_path / junit), str(dest), "a run"],
+    p = subprocess.run([sys.executable, "-m", "harness", "ci", "schedule", str(tmp_path / junit), str(dest), "a run"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and junit in p.stderr
     assert not dest.exists()

@@ -70,7 +70,7 @@ def test_process_start_is_before_now():
 
 
 def test_the_command_prints_a_summary_and_exits_2_on_a_directory_without_records(tmp_path, capsys):
-    """``python -m harness.ci_speed.pytest_timeline DIR``; the speed plugin's recording in real pytest and xdist
+    """``python -m harness ci timeline DIR``; the speed plugin's recording in real pytest and xdist
     processes: ``test_xdist_default.test_workers_and_no_xdist_end_to_end``."""
     (tmp_path / "tl").mkdir()
     (tmp_path / "tl" / "main.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (

@@ -2,8 +2,8 @@
 harness's seeded MTP weights loaded into its live drafter and audited (``build_session``).
 Recording is ``taps.py``, judging ``judge.py``; the command is ``harness.commands.engine``.
 
-    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
-    python -m harness.production.engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
+    python -m harness engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
+    python -m harness engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
 
 Each run also saves its recording under --out (``engine_calls_<case>.safetensors`` +
 ``.json``: every tensor the replay needs, the calls' metadata, the load audit), so
@@ -116,7 +116,7 @@ def build_llm(hf_config: dict, case: EngineCase, *, log=print):
     from harness.production.module.vllm_config import write_model_dir
     from harness.production import run_hooks
 
-    run_hooks.fire("vllm_imported")  # e.g. the GC pause of `python -m harness.production.engine` ends
+    run_hooks.fire("vllm_imported")  # e.g. the GC pause of `python -m harness engine` ends
     kw = engine_kwargs(write_model_dir(hf_config), case)
     try:
         llm = LLM(**kw)
