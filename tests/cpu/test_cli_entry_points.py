@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
+from harness.commands import passthrough
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,10 +30,10 @@ def test_the_commands_with_their_own_parser_are_listed():
     for name in ("engine", "goldens", "side-by-side", "speculator-mutants", "fp8-emulation", "kv-fp8-emulation",
                  "ci", "autobisect-step"):
         assert name in names and name in cli.TOOLS, name
-    assert set(cli.CI_VERBS) == {"timeline", "schedule", "prefetch"}
+    assert set(passthrough.CI_VERBS) == {"timeline", "schedule", "prefetch"}
 
 
-@pytest.mark.parametrize("argv", [[name] for name in _subcommands()] + [["ci", verb] for verb in cli.CI_VERBS])
+@pytest.mark.parametrize("argv", [[name] for name in _subcommands()] + [["ci", verb] for verb in passthrough.CI_VERBS])
 def test_every_subcommand_answers_help_with_exit_0(argv, capsys, monkeypatch):
     """In process (one torch import for all): what ``python -m harness ARGV --help`` runs."""
     from harness.ci_speed.jit_cache import JIT_CACHE_ENV
