@@ -1,7 +1,7 @@
 """The component registry: one record per component of an MTP draft step (in the manner of
 PyTorch's OpInfo). Everything that lists components is derived from ``REGISTRY``:
 
-  harness.compare.COMPONENTS / INDEX_COMPONENTS   the reference trace, dataflow order (reference goldens,
+  harness.trace_compare.COMPONENTS / INDEX_COMPONENTS   the reference trace, dataflow order (reference goldens,
                                                   ``report`` order)
   PRODUCTION_COMPONENTS                           what the side by side judges (production goldens store
                                                   exactly these)
@@ -66,7 +66,7 @@ class Component:
     compare         "values" (atol/rtol), "index" (row sets, ties by score), "token" (exact where
                     the logit margin is decisive), "tie-bound" (not compared: its tolerance is the
                     index components' tie bound)
-    reference_trace the reference's trace holds it (``harness.compare.COMPONENTS``)
+    reference_trace the reference's trace holds it (``harness.trace_compare.COMPONENTS``)
     hooks           where production exposes it (empty: production never materialises it, or it is
                     derived / written by the runner, see ``production``)
     production      how the side by side gets production's value: "hook", "derived" (computed by
@@ -116,14 +116,14 @@ _MLP = Tolerance(1e-1, 3e-2, "routed (clamped SwiGLU, fp32 top-k weights) + shar
 # element moves by up to 2^-4 relative (3 mantissa bits), and on SM90 with DeepGEMM
 # (VLLM_USE_DEEP_GEMM_E8M0=1, the default) the group scales are rounded up to powers of two and
 # fp32-scale weights are re-quantized once to UE8M0 blocks (another 2^-4 per weight element; see
-# production/verdict/fp8_emulation.py). The reference runs on the exact dequantized checkpoint, so
+# production/judging/fp8_emulation.py). The reference runs on the exact dequantized checkpoint, so
 # these roundings are production's only. Components before the first FP8 GEMM (embed, enorm,
 # hnorm, eh_proj) keep the bf16 entries.
 #
 # CPU-estimated, then checked on the GPU: atol = 2x the max |d| vs EXACT (for indexer.q_deq: 2x
 # the atol needed at rtol 0.13; for indexer.scores: 2x the largest score gap of a swapped top-k
 # member) seen by
-#     python -m harness.production.verdict.fp8_emulation --extra-seeds 6
+#     python -m harness.production.judging.fp8_emulation --extra-seeds 6
 # i.e. the reference with PRODUCTION numerics + that activation quantization (+ the UE8M0 weight
 # re-quantization), in 3 variants (deepgemm-e8m0: pow2 activation scales + re-quantized weights,
 # the SM90 default at M >= 32; requant-fp32-act: FlashInfer at M < 32; fp32-scales), over the FP8
@@ -348,7 +348,7 @@ QUANT_PRECISION: Mapping[str, str] = MappingProxyType({"modelopt-fp8-pb": "fp8",
 # to 2^-3 of it) apart, and a tile whose amax sits near a power of two of 448 s gets the other
 # scale (every element of it rounded on a grid twice as fine or coarse: up to 2^-4 of it apart).
 # Those latent differences reach the attention logits and the value sum, then every component
-# after it. CPU-estimated by ``python -m harness.production.verdict.kv_fp8_emulation --extra-seeds 5``
+# after it. CPU-estimated by ``python -m harness.production.judging.kv_fp8_emulation --extra-seeds 5``
 # (the reference with PRODUCTION numerics and the FP8 cache as production's stand-in, judged like a
 # production trace; tiny-k2-long-fp8kv and 5 more seeds): a component whose atol needed at its rtol
 # (in brackets, max over the 6 seeds) exceeds half its bf16 atol (less than 2x headroom) gets 2x

@@ -14,9 +14,9 @@ import reference as R
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
 from harness.commands import compare as compare_cli
-from harness.production.goldens import goldens_gpu
+from harness.goldens import production as production_goldens
 from harness.production.module import side_by_side as sbs
-from harness.production.verdict.fp8_emulation import as_production_trace
+from harness.production.judging.fp8_emulation import as_production_trace
 from harness.regimes import REGIMES
 
 

@@ -109,14 +109,14 @@ ALLOWED = {
     "harness.case_registry": ("harness.presets", "reference"),
     "harness.production.cases": ("reference", "harness.case_registry", "harness.checkpoint"),
     "harness.verdict": (),
-    "harness.production.verdict": ("reference", "harness.components", "harness.compare", "harness.regimes",
+    "harness.production.judging": ("reference", "harness.components", "harness.trace_compare", "harness.regimes",
                                    "harness.verdict",
                                    "harness.production.can_run", "harness.presets", "harness.checkpoint",
-                                   "harness.production.cases", "harness.production.verdict"),
+                                   "harness.production.cases", "harness.production.judging"),
     "harness.production.module.capture": ("harness.components",),
     # harness.input_checks: the bounded reader of a recording (a FIFO or /dev/zero refused, no mmap)
-    "harness.production.engine.replay": ("reference", "harness.compare", "harness.components", "harness.atomic",
-                                         "harness.input_checks", "harness.production.verdict",
+    "harness.production.engine.draft_replay": ("reference", "harness.trace_compare", "harness.components", "harness.atomic",
+                                         "harness.input_checks", "harness.production.judging",
                                          "harness.production.engine.bookkeeping"),
     "harness.production.engine.bookkeeping": ("harness.production.engine.spec_counts",),
     "harness.production.engine.spec_counts": (),  # what vLLM counts, read duck-typed: no vLLM, no torch
@@ -133,7 +133,7 @@ MUTANTS = ("harness.mutants",)
 # Every layer (any level) whose modules, with their lazy imports, must form no cycle: the
 # command layer, the mutants and the production paths they drive.
 ACYCLIC = ("harness.commands", "harness.mutants", "harness.production.engine", "harness.production.module",
-           "harness.production.goldens", "harness.production.tp", "harness.production.cases")
+           "harness.goldens", "harness.production.tp", "harness.production.cases")
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -213,7 +213,7 @@ CI_SPEED_MAY_IMPORT = {
     # it runs the production side of every GPU case to compile its kernels, asking first whether
     # production can run here
     "harness.ci_speed.warmup": ("harness.production.can_run", "harness.production.cases",
-                                "harness.production.engine.cases", "harness.production.engine.judge",
+                                "harness.production.engine.cases", "harness.production.engine.generation_judge",
                                 "harness.production.module.side_by_side"),
     # the GPU device nodes (is there a GPU to tune for, one per worker), without importing torch
     "harness.ci_speed.pytest_plugin": ("harness.production.can_run",),

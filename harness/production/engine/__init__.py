@@ -14,7 +14,7 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
 
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
-``harness.production.verdict``; never ``harness.commands`` or ``harness.mutants`` (the
+``harness.production.judging``; never ``harness.commands`` or ``harness.mutants`` (the
 ``__main__.py`` entry point excepted: nothing imports it). ``replay.py`` and ``bookkeeping.py``
 never import vLLM.
 """

@@ -41,7 +41,7 @@ sampled rows (``compact_topk_indices``).
 
 Verdict. Draft tokens are compared at the rows production passed to
 ``compute_logits``; exact equality is required where the reference's top-2 logit
-margin is decisive (``harness.compare.logit_margin_decisive``), other rows are
+margin is decisive (``harness.trace_compare.logit_margin_decisive``), other rows are
 counted as ties.
 """
 
@@ -52,9 +52,9 @@ import dataclasses
 import torch
 
 import reference as R
-from harness.compare import index_rows_differing
+from harness.trace_compare import index_rows_differing
 from harness.components import DIAGNOSTIC_COMPONENTS  # float components compared per call (diagnostics)
-from harness.production.verdict.replay import step_with_topk
+from harness.production.judging.teacher_forcing import step_with_topk
 from reference.mtp import StepInput, compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
 
@@ -297,8 +297,8 @@ def _replay_rows(cfg, shards, call, cache, request, layer, num, force, shared_ro
 def topk_beyond_ties(prod: torch.Tensor, ref_rows: torch.Tensor, ref_scores: torch.Tensor | None) -> str | None:
     """The first row where production's top-k set differs from the reference's beyond score
     ties (members within the indexer-score tie bound of the k-th score), else None."""
-    from harness.compare import compare_index_sets
-    from harness.production.verdict.tolerances import tolerances_for
+    from harness.trace_compare import compare_index_sets
+    from harness.production.judging.tolerances import tolerances_for
 
     scores = None
     if ref_scores is not None:
@@ -322,7 +322,7 @@ def _result(tr: dict, rows) -> CallReplay:
 
 def judge_tokens(calls: list[DraftCall], replays: list[CallReplay], logits_tol) -> dict:
     """Counts of the draft-token comparison (see the module doc) plus the first mismatches."""
-    from harness.compare import logit_margin_decisive
+    from harness.trace_compare import logit_margin_decisive
 
     c = {"drafted": 0, "compared": 0, "ties": 0, "ties_differing": 0, "mismatches": 0,
          "not_replayed": 0, "mismatch_examples": []}
@@ -356,7 +356,7 @@ def judge_tokens(calls: list[DraftCall], replays: list[CallReplay], logits_tol) 
 def component_errors(calls: list[DraftCall], replays: list[CallReplay], tolerances: dict) -> dict:
     """Per component: max |production - reference| over all calls (and where), and how many
     calls exceed ``tolerances[component]`` (diagnostics: MoE routing ties are not masked here)."""
-    from harness.compare import compare_values
+    from harness.trace_compare import compare_values
 
     out: dict = {}
     for i, (call, rep) in enumerate(zip(calls, replays)):

@@ -5,7 +5,7 @@ the FP8 production path the FP8 tolerances come from.
     replay.py         the reference teacher-forced on production's inputs (forced top-k)
     tolerances.py     ``tolerances_for(quant)``: the registry's tables
     judge.py          ``judge``: replay -> skip unused top-k -> derive -> mask routing ties -> compare -> report
-    fp8_emulation.py  the FP8 production numerics on CPU; ``python -m harness.production.verdict.fp8_emulation``
+    fp8_emulation.py  the FP8 production numerics on CPU; ``python -m harness.production.judging.fp8_emulation``
 
 May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``checkpoint``,
 ``presets``), ``harness.production.cases`` and ``harness.production.can_run`` (where the reference
