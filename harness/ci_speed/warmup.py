@@ -529,7 +529,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
 
     from ..production.cases import GPU_CASES
     from ..production.engine.cases import ENGINE_CASES
-    from ..production.engine.judge import run_case as run_engine_case
+    from ..production.engine.generation_judge import run_case as run_engine_case
     from ..production.module.side_by_side import run_production_side
 
     def step(name, fn):
