@@ -385,7 +385,7 @@ def test_bad_values_name_their_flag(argv, culprit, tmp_path, capsys, gpu_host):
 
 def test_a_truncated_recording_is_bad_input(tmp_path, capsys):
     from harness.commands.engine import main as engine_main
-    from harness.production.engine.draft_replay import RECORDING_FORMAT
+    from harness.production.engine.recording import RECORDING_FORMAT
 
     (tmp_path / "engine_calls_engine-accept-k3-share.json").write_text(json.dumps(
         {"format": RECORDING_FORMAT, "call_meta": [], "proposal_meta": [], "meta": {}}))

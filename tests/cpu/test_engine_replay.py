@@ -285,7 +285,7 @@ def test_recording_round_trip_and_rejudge(tmp_path):
     from harness.production.engine.cases import EngineCase
     from harness.commands.engine import main
     from harness.production.engine.generation_judge import judge_run, rejudge
-    from harness.production.engine.draft_replay import load_recording, save_recording
+    from harness.production.engine.recording import load_recording, save_recording
     from harness.production.cases import case_inputs, GpuCase
 
     case = EngineCase("sim-rejudge", overrides=(("index_share_for_mtp_iteration", True),), seed=5,

@@ -137,6 +137,9 @@ ALLOWED = {
     "harness.production.engine.draft_replay": ("reference", "harness.trace_compare", "harness.components",
                                                "harness.atomic", "harness.input_checks", "harness.production.judging",
                                                "harness.production.engine.bookkeeping"),
+    "harness.production.engine.recording": ("harness.components", "harness.atomic", "harness.input_checks",
+                                            "harness.production.engine.draft_replay",
+                                            "harness.production.engine.bookkeeping"),
     "harness.production.engine.bookkeeping": ("harness.production.engine.spec_counts",),
     "harness.production.engine.spec_counts": (),  # what vLLM counts, read duck-typed: no vLLM, no torch
     # the run history: read, merged and plotted on any machine (no torch, no vLLM, no production)
@@ -224,6 +227,8 @@ CI_SPEED_MAY_IMPORT = {
     "harness.ci_speed.warmup": ("harness.production.can_run", "harness.production.cases",
                                 "harness.production.engine.cases", "harness.production.engine.generation_judge",
                                 "harness.production.module.side_by_side"),
+    # the kernels warmup prefetches: which the GPU cases need; the device nodes, without torch
+    "harness.ci_speed.kernel_prefetch": ("harness.production.can_run", "harness.production.cases"),
     # the GPU device nodes (is there a GPU to tune for, one per worker), without importing torch
     "harness.ci_speed.pytest_plugin": ("harness.production.can_run",),
     "harness.ci_speed.model_info_prefetch": ("harness.production.can_run",  # a GPU host only

@@ -22,8 +22,9 @@ from harness.production.engine.graph_regimes import measure as measure_graph_reg
 from harness.production.engine.graph_regimes import MARK as GRAPH_REGIME_MARK
 from harness.production.engine.graph_regimes import problems as graph_regime_problems
 from harness.production.engine.graph_regimes import table as graph_regime_table
-from harness.production.engine.draft_replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
-                                              replay, run_facts, save_recording)
+from harness.production.engine.draft_replay import (DraftCall, component_errors, expects_logits, judge_tokens,
+                                                    replay, run_facts)
+from harness.production.engine.recording import load_recording, save_recording
 from harness.production.engine.session import build_session, engine_inputs, prompts_for
 from harness.production.engine.taps import DrafterTap, TargetTap, graph_replay_counts
 from harness.verdict import Verdict
