@@ -6,8 +6,9 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
     session.py             build the engine, reach the drafter, load and audit its weights
     taps.py                the eager taps: every draft forward and target forward recorded
     graph_tap.py           the graph-mode taps at the speculator's Python seams
-    judge.py               one generation recorded, replayed and judged; the mutant sweep; re-judge
-    replay.py              CPU: the reference over the recorded draft forwards, draft-token verdict
+    generation_judge.py    one generation recorded, replayed and judged; the mutant sweep; re-judge
+    draft_replay.py        CPU: the reference over the recorded draft forwards, draft-token verdict
+    recording.py           CPU: a recorded run saved for re-judging offline, and read back
     bookkeeping.py         CPU: accepted prefix, ``last_token_indices``, feeds, layer cycling
     acceptance.py          the edited dummy target whose drafts get accepted at planned rates
     speculator_mutants.py  planted bugs in vLLM's speculator (``--mutant NAME``)
@@ -15,6 +16,6 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
 ``harness.production.judging``; never ``harness.commands`` or ``harness.mutants`` (the
-``__main__.py`` entry point excepted: nothing imports it). ``replay.py`` and ``bookkeeping.py``
-never import vLLM.
+``__main__.py`` entry point excepted: nothing imports it). ``draft_replay.py``, ``recording.py`` and
+``bookkeeping.py`` never import vLLM.
 """
