@@ -33,7 +33,7 @@ def _eager_twin(case_id: str) -> dict:
     """Build + judge the case with ``graphs=False`` in its own process: (build_s, generate_s, passed)."""
     code = ("import dataclasses, json, sys, time\n"
             "from harness.production.engine.cases import ENGINE_CASES\n"
-            "from harness.production.engine.judge import generate_and_judge\n"
+            "from harness.production.engine.generation_judge import generate_and_judge\n"
             "from harness.production.engine.session import build_session\n"
             f"case = dataclasses.replace(ENGINE_CASES[{case_id!r}], graphs=False)\n"
             "t = time.perf_counter(); s = build_session(case, log=lambda *a, **k: None); b = time.perf_counter() - t\n"
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     if reason:
         print(f"cannot judge: {reason}")
         return 125
-    from harness.production.engine.judge import generate_and_judge
+    from harness.production.engine.generation_judge import generate_and_judge
     from harness.production.engine.session import build_session
 
     case = ENGINE_CASES[args.case]

@@ -1,7 +1,7 @@
 """The component registry: one record per component of an MTP draft step (in the manner of
 PyTorch's OpInfo). Everything that lists components is derived from ``REGISTRY``:
 
-  harness.compare.COMPONENTS / INDEX_COMPONENTS   the reference trace, dataflow order (reference goldens,
+  harness.trace_compare.COMPONENTS / INDEX_COMPONENTS   the reference trace, dataflow order (reference goldens,
                                                   ``report`` order)
   PRODUCTION_COMPONENTS                           what the side by side judges (production goldens store
                                                   exactly these)
@@ -66,7 +66,7 @@ class Component:
     compare         "values" (atol/rtol), "index" (row sets, ties by score), "token" (exact where
                     the logit margin is decisive), "tie-bound" (not compared: its tolerance is the
                     index components' tie bound)
-    reference_trace the reference's trace holds it (``harness.compare.COMPONENTS``)
+    reference_trace the reference's trace holds it (``harness.trace_compare.COMPONENTS``)
     hooks           where production exposes it (empty: production never materialises it, or it is
                     derived / written by the runner, see ``production``)
     production      how the side by side gets production's value: "hook", "derived" (computed by
@@ -116,7 +116,7 @@ _MLP = Tolerance(1e-1, 3e-2, "routed (clamped SwiGLU, fp32 top-k weights) + shar
 # element moves by up to 2^-4 relative (3 mantissa bits), and on SM90 with DeepGEMM
 # (VLLM_USE_DEEP_GEMM_E8M0=1, the default) the group scales are rounded up to powers of two and
 # fp32-scale weights are re-quantized once to UE8M0 blocks (another 2^-4 per weight element; see
-# production/verdict/fp8_emulation.py). The reference runs on the exact dequantized checkpoint, so
+# production/judging/fp8_emulation.py). The reference runs on the exact dequantized checkpoint, so
 # these roundings are production's only. Components before the first FP8 GEMM (embed, enorm,
 # hnorm, eh_proj) keep the bf16 entries.
 #

@@ -48,6 +48,12 @@ class CannotJudge(Exception):
     """The harness cannot reach a verdict here (exit 125); the message says why."""
 
 
+class GoldenError(RuntimeError):
+    """A golden is missing, corrupt or does not match its manifest (``harness.goldens.store``
+    raises it): the harness's own data, so no verdict (125). Defined here, beside the contract
+    that classifies it, so the contract imports nothing above it."""
+
+
 class Terminated(BaseException):
     """A terminating signal other than SIGINT (SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, ...), raised where
     the program is (like ``KeyboardInterrupt`` for SIGINT) so that every ``finally`` runs: the
@@ -298,8 +304,6 @@ def _is_load_failure(exc: BaseException) -> bool:
 
 def _is_golden_problem(exc: BaseException) -> bool:
     """A missing or corrupt stored golden: the harness's own data, so no verdict (125)."""
-    from .goldens import GoldenError
-
     return isinstance(exc, GoldenError)
 
 

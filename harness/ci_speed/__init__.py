@@ -2,6 +2,7 @@
 
     jit_cache.py            one cache root for every JIT layer ($HYV4_JIT_CACHE), bytecode included
     warmup.py               ``python -m harness warmup``: compile the GPU stack's kernels once per host
+    kernel_prefetch.py      the kernels a library builds alone, started beside warmup's lead lane
     startup_gc.py           the cyclic GC paused while a command imports torch and vLLM
     model_info_prefetch.py  vLLM's model-class inspection in the background (cold hosts)
     pytest_plugin.py        xdist workers, GC/malloc tuning, a worker's share of the host (conftest.py)

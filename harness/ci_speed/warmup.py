@@ -61,8 +61,8 @@ import time
 
 from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
-from ..production.can_run import GPU_DEVICE_GLOB
 from . import jit_cache, jit_pack
+from .kernel_prefetch import PREFETCH, plan_prefetch
 from .jit_cache import BYTECODE_VAR, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
 
 MAX_LANES = 64  # parallel compile processes
@@ -250,74 +250,6 @@ def plan_lanes(cases: list[str], engines, lanes: int) -> tuple[str | None, list[
         lane["cases"] += fam["cases"]
         lane["engines"] += fam["engines"]
     return lead, out
-
-
-# Kernels a library builds alone, from its own JIT entry point, sharing no kernel with the
-# lead: started BESIDE the lead (t = 0) instead of in a lane after it. The lanes that need
-# one wait on the library's own build lock and load what it built (FlashInfer's
-# ``build_and_load``: a file lock, then a second look at the cache). Each entry is
-# name -> (whether the steps to warm need it: a predicate on (GpuCases, engine wanted), the
-# child's code). The child first asks vLLM, where vLLM has a predicate for it, whether it
-# would use the kernel on this GPU, and exits 0 having built nothing when not.
-# Why these: in a serial warmup on a fresh host FlashInfer's JIT modules are the long single
-# compiles of the whole warmup, each inside one step.
-_PREFETCH_HEAD = ("import glob, sys\n"  # no NVIDIA device node: said before importing torch (~4 s of CPU)
-                  f"if not glob.glob({GPU_DEVICE_GLOB!r}):\n"
-                  "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n"
-                  "import torch\n"
-                  "if not torch.cuda.is_available():\n"
-                  "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n")
-
-
-def _prefetch_code(check: str, why_not: str, build: str) -> str:
-    return (_PREFETCH_HEAD + f"{check}\n    print({'prefetch: ' + why_not + '; nothing built'!r}); sys.exit(0)\n"
-            f"{build}\nprint('prefetch: built')\n")
-
-
-def _is_yarn(case) -> bool:
-    cfg = case.hf_config()
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    return "yarn" in str(rope.get("rope_type", rope.get("type", "")))
-
-
-PREFETCH = {
-    # fp8_blockscale_gemm_90: 146-184 s of nvcc; vLLM picks it for 128x128-block FP8 linears on SM90.
-    "flashinfer-fp8-blockscale-gemm-sm90": (
-        lambda cases, engine: any(c.quant != "bf16" for c in cases),
-        _prefetch_code(
-            "from vllm.utils.flashinfer import is_flashinfer_fp8_blockscale_gemm_supported\n"
-            "if torch.cuda.get_device_capability() != (9, 0) or not is_flashinfer_fp8_blockscale_gemm_supported():",
-            "vLLM would not pick this kernel here",
-            "from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90\n"
-            "get_fp8_blockscale_gemm_runner_sm90()")),
-    # sampling: ~117 s of the engine's first start (22:18:28 -> 22:20:25 in that log); vLLM's
-    # sampler uses it for top-p / top-k when flashinfer_sampler_supported().
-    "flashinfer-sampling": (
-        lambda cases, engine: engine,
-        _prefetch_code(
-            "from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported\n"
-            "if not flashinfer_sampler_supported():",
-            "vLLM would not use FlashInfer's sampler here",
-            "from flashinfer.sampling import get_sampling_module\nget_sampling_module()")),
-    # rope: most of the yarn case's 48-64 s; vLLM's DeepSeek yarn rotary embedding applies it
-    # through FlashInfer (its own per-layer condition needs a model config: checked here is
-    # only that vLLM sees FlashInfer).
-    "flashinfer-rope": (
-        lambda cases, engine: any(_is_yarn(c) for c in cases),
-        _prefetch_code(
-            "from vllm.utils.flashinfer import has_flashinfer\n"
-            "if not has_flashinfer():",
-            "vLLM does not see FlashInfer",
-            "from flashinfer.rope import get_rope_module\nget_rope_module()")),
-}
-
-
-def plan_prefetch(cases: list[str], engine: bool = False) -> list[str]:
-    """The ``PREFETCH`` kernels the steps to warm (module-level ``cases``, an ``engine``) may need."""
-    from ..production.cases import GPU_CASES
-
-    gpu_cases = [GPU_CASES[c] for c in cases]
-    return [name for name, (needed, _) in PREFETCH.items() if needed(gpu_cases, engine)]
 
 
 def _lane_command(cases: list[str], engines: list[str], report: str) -> list[str]:
@@ -529,7 +461,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
 
     from ..production.cases import GPU_CASES
     from ..production.engine.cases import ENGINE_CASES
-    from ..production.engine.judge import run_case as run_engine_case
+    from ..production.engine.generation_judge import run_case as run_engine_case
     from ..production.module.side_by_side import run_production_side
 
     def step(name, fn):

@@ -102,7 +102,7 @@ def _ratio(max_abs, atol) -> float | None:
 
 
 def component_rows(case_id: str, rep: dict) -> list[dict]:
-    """Rows of one case of a harness report (``harness.compare.Report.as_dict``)."""
+    """Rows of one case of a harness report (``harness.trace_compare.Report.as_dict``)."""
     out = []
     for c in rep.get("components") or []:
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):

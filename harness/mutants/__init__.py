@@ -11,7 +11,7 @@ of each mutant is built fresh and thrown away afterwards; attribute and hook
 changes are undone in a ``finally`` as well, so mutants are independent.
 
 A mutant is *detected* when the side-by-side verdict
-(``harness.production.verdict.judge``) fails, or when the run raises after the mutant was
+(``harness.production.judging.trace_judge``) fails, or when the run raises after the mutant was
 applied while the same case passes unmutated (the control). ``not-applicable``
 (the attribute the mutant needs is absent in this vLLM build) is reported
 apart from ``missed``. Exit: 0 every selected mutant detected, 1 otherwise,

@@ -385,7 +385,7 @@ def test_bad_values_name_their_flag(argv, culprit, tmp_path, capsys, gpu_host):
 
 def test_a_truncated_recording_is_bad_input(tmp_path, capsys):
     from harness.commands.engine import main as engine_main
-    from harness.production.engine.replay import RECORDING_FORMAT
+    from harness.production.engine.recording import RECORDING_FORMAT
 
     (tmp_path / "engine_calls_engine-accept-k3-share.json").write_text(json.dumps(
         {"format": RECORDING_FORMAT, "call_meta": [], "proposal_meta": [], "meta": {}}))
@@ -677,10 +677,10 @@ def test_pytest_and_with_env_refuse_bad_variables_in_one_line(tmp_path):
 
 
 def test_a_mistyped_goldens_root_is_named(tmp_path, monkeypatch):
-    from harness import goldens
+    from harness.goldens import store
 
     monkeypatch.setenv("HYV4_GOLDENS_ROOT", str(tmp_path))
-    monkeypatch.setattr(goldens, "ROOT", tmp_path)
-    with pytest.raises(goldens.GoldenError) as ei:
-        goldens.load("reference", "c1", root=tmp_path)
+    monkeypatch.setattr(store, "ROOT", tmp_path)
+    with pytest.raises(store.GoldenError) as ei:
+        store.load("reference", "c1", root=tmp_path)
     assert "HYV4_GOLDENS_ROOT" in str(ei.value) and "--update-goldens" not in str(ei.value)

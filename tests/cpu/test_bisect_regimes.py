@@ -14,10 +14,10 @@ import reference as R
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
 from harness.commands import bisect_check
+from harness.goldens import production as production_goldens
 from harness.production.engine import process as engine_process
-from harness.production.goldens import goldens_gpu
 from harness.production.module import side_by_side as sbs
-from harness.production.verdict.fp8_emulation import as_production_trace
+from harness.production.judging.fp8_emulation import as_production_trace
 from harness.regimes import REGIMES
 
 
@@ -36,7 +36,7 @@ def faked(monkeypatch):
     monkeypatch.setattr(sbs, "run_case", lambda case, **_: _stand_in(case))
     monkeypatch.setattr(sbs, "versions", lambda: {"note": "CPU stand-in"})
     # a platform no golden was recorded on: every golden part is NOT JUDGED (--allow-unjudged below)
-    monkeypatch.setattr(goldens_gpu, "platform", lambda: {"gpu": "CPU stand-in", "capability": "0.0",
+    monkeypatch.setattr(production_goldens, "platform", lambda: {"gpu": "CPU stand-in", "capability": "0.0",
                                                           "torch": "none", "cuda": None})
 
     def planted(case, name):

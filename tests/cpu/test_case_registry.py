@@ -28,7 +28,7 @@ def test_every_derived_list_keeps_its_ids_and_order():
     from harness.commands import bisect_check
     from harness.production import cases as prod
     from harness.production.engine import cases as eng
-    from harness.production.goldens import goldens_gpu
+    from harness.goldens import production as production_goldens
 
     reference = ("tiny-moe-sink-elementwise", "tiny-dense-headwise-nosink", "tiny-share-indexer")
     assert tuple(cases.CASES) == reference
@@ -36,7 +36,7 @@ def test_every_derived_list_keeps_its_ids_and_order():
     assert tuple(prod.GPU_CASES) == GPU
     assert tuple(prod.PROBE_CASES) == ("probe-topk4", "probe-two-mtp-layers-naming")
     assert prod.BISECT_CASES == bisect_check.DEFAULT_BISECT_CASES == BISECT
-    assert goldens_gpu.GOLDEN_CASES == BISECT  # the goldens' set is the bisect's (no case judged by one only)
+    assert production_goldens.GOLDEN_CASES == BISECT  # the goldens' set is the bisect's (no case judged by one only)
     assert prod.FP8_CASE_IDS == ("tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long")
     assert prod.MODELOPT_CASE_IDS == ("tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense",
                                       "tiny-k2-modelopt-layer-bf16-dense")

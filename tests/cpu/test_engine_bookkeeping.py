@@ -22,8 +22,8 @@ from harness.cases import CASES
 from harness.production.engine import acceptance as A
 from harness.production.engine.bookkeeping import TargetCall, check
 from harness.production.engine.cases import EngineCase
-from harness.production.engine.judge import judge_run, verdict_problems
-from harness.production.engine.replay import DraftCall
+from harness.production.engine.generation_judge import judge_run, verdict_problems
+from harness.production.engine.draft_replay import DraftCall
 from reference.mtp import compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
 

@@ -14,12 +14,12 @@ import torch
 
 import reference as R
 from harness.cases import CASES
-from harness.compare import logit_margin_decisive
-from harness.production.engine.judge import verdict_problems, worst_exit_code
+from harness.trace_compare import logit_margin_decisive
+from harness.production.engine.generation_judge import verdict_problems, worst_exit_code
 from harness.production.engine.taps import match_rows
-from harness.production.engine.replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
+from harness.production.engine.draft_replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
                                               token_requests)
-from harness.production.verdict.tolerances import tolerances_for
+from harness.production.judging.tolerances import tolerances_for
 
 LOGITS_TOL = tolerances_for("bf16")["logits"]
 
@@ -234,7 +234,7 @@ def test_judge_run_report_of_a_faithful_engine_passes():
     import json
 
     from harness.production.engine.cases import EngineCase
-    from harness.production.engine.judge import judge_run
+    from harness.production.engine.generation_judge import judge_run
 
     case = CASES["tiny-share-indexer"]
     cfg, w = case.config(), case.weights()
@@ -284,8 +284,8 @@ def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
 def test_recording_round_trip_and_rejudge(tmp_path):
     from harness.production.engine.cases import EngineCase
     from harness.commands.engine import main
-    from harness.production.engine.judge import judge_run, rejudge
-    from harness.production.engine.replay import load_recording, save_recording
+    from harness.production.engine.generation_judge import judge_run, rejudge
+    from harness.production.engine.recording import load_recording, save_recording
     from harness.production.cases import case_inputs, GpuCase
 
     case = EngineCase("sim-rejudge", overrides=(("index_share_for_mtp_iteration", True),), seed=5,

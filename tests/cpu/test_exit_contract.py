@@ -473,7 +473,7 @@ def test_bad_arguments_are_one_line_exit_2(case_id, argv, culprits, tmp_path, ca
 def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     from harness.production import can_run
     from harness.commands.engine import main as engine_main
-    from harness.production.engine import judge as engine
+    from harness.production.engine import generation_judge as engine
     from harness.production.engine.cases import ENGINE_CASES
 
     case = sorted(ENGINE_CASES)[0]
@@ -575,9 +575,9 @@ def test_worst_of_several_exit_codes():
 def test_golden_problems_are_named(tmp_path):
     import hashlib as _hashlib
 
-    from harness import goldens
+    from harness.goldens import store
 
-    goldens.write("reference", "c1", {"step0.logits": torch.zeros(2, 3, dtype=torch.float64)}, {"case": "c1"},
+    store.write("reference", "c1", {"step0.logits": torch.zeros(2, 3, dtype=torch.float64)}, {"case": "c1"},
                   root=tmp_path)
     path = tmp_path / "reference" / "c1.safetensors"
     data = bytearray(path.read_bytes())
@@ -585,13 +585,13 @@ def test_golden_problems_are_named(tmp_path):
     path.write_bytes(bytes(data))
     now = _hashlib.sha256(bytes(data)).hexdigest()
     recorded = json.loads((tmp_path / "manifest.json").read_text())["cases"]["reference/c1"]["sha256"]
-    with pytest.raises(goldens.GoldenError) as ei:
-        goldens.load("reference", "c1", root=tmp_path)
+    with pytest.raises(store.GoldenError) as ei:
+        store.load("reference", "c1", root=tmp_path)
     assert f"sha256 {now} != manifest {recorded}" in str(ei.value)  # full digests, never cut
     for doc in ({"meta": {}}, [], {"cases": []}, {"cases": {"reference/c1": "x"}}):
         (tmp_path / "manifest.json").write_text(json.dumps(doc))
-        with pytest.raises(goldens.GoldenError, match="manifest.json: not a goldens manifest"):
-            goldens.read_manifest(tmp_path)
+        with pytest.raises(store.GoldenError, match="manifest.json: not a goldens manifest"):
+            store.read_manifest(tmp_path)
 
 
 @pytest.mark.parametrize("value,refused", [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("Yes", True),
@@ -604,14 +604,14 @@ def test_update_goldens_is_refused_whenever_ci_is_set(value, refused):
 
 
 def test_main_job_with_a_corrupt_golden_cannot_judge(monkeypatch, capsys):
-    from harness import goldens
+    from harness.goldens import store
     from harness.production import can_run
 
     def load(kind, case_id, root=None):
-        raise goldens.GoldenError(f"golden file goldens/{kind}/{case_id}.safetensors is corrupt or edited")
+        raise store.GoldenError(f"golden file goldens/{kind}/{case_id}.safetensors is corrupt or edited")
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
-    monkeypatch.setattr(goldens, "load", load)
+    monkeypatch.setattr(store, "load", load)
     code, lines, text = _run(capsys, "main")
     assert code == 125 and "Traceback" not in text and any("is corrupt or edited" in line for line in lines), text
 
@@ -674,7 +674,7 @@ def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys)
     """``main --report`` where the job falls back to the reference goldens: the judged cases'
     reports in compare's format (``harness report`` reads it), not silently nothing."""
     from harness.production import can_run
-    from harness.golden_check import GOLDEN_CASES
+    from harness.goldens.reference import GOLDEN_CASES
     from harness.report import read_report
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")

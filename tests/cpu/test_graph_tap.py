@@ -18,8 +18,8 @@ import reference as R
 from harness.cases import CASES
 from harness.production.engine.cases import ENGINE_CASES, EngineCase
 from harness.production.engine.graph_tap import GraphStep, GraphTap, graph_calls, target_calls
-from harness.production.engine.replay import DraftCall, replay
-from harness.production.engine.judge import _graph_attribution, judge_run, verdict_problems
+from harness.production.engine.draft_replay import DraftCall, replay
+from harness.production.engine.generation_judge import _graph_attribution, judge_run, verdict_problems
 from harness.production.engine.taps import graph_replay_counts
 from harness.production.engine.speculator_mutants import MUTANTS, SWEEPABLE
 
@@ -209,7 +209,7 @@ def test_capture_only_mutants_are_judged_in_both_modes():
 def test_a_known_vllm_gap_is_matched_by_the_speculator_vllm_picked():
     import dataclasses as dc
 
-    from harness.production.engine.judge import case_from_dict, upstream_gap
+    from harness.production.engine.generation_judge import case_from_dict, upstream_gap
 
     case = ENGINE_CASES["engine-accept-k2-two-layers-share"]
     assert case_from_dict(dc.asdict(case)) == case

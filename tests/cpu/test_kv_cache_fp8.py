@@ -179,12 +179,12 @@ def short_fp8kv_case():
 
 
 def _verdict(case, trace):
-    from harness.production.verdict.judge import judge
+    from harness.production.judging.trace_judge import judge
     return judge(case, trace, {})
 
 
 def test_the_emulated_fp8kv_production_passes_and_a_bf16_reference_is_not_what_it_serves(short_fp8kv_case):
-    from harness.production.verdict import kv_fp8_emulation as E
+    from harness.production.judging import kv_fp8_emulation as E
 
     res = _verdict(short_fp8kv_case, E.emulated_trace(short_fp8kv_case))
     assert res.passed, res.details["table"]
@@ -201,7 +201,7 @@ def test_the_emulated_fp8kv_production_passes_and_a_bf16_reference_is_not_what_i
 def test_each_planted_fp8kv_bug_in_an_emulated_production_fails_naming_its_component(name, short_fp8kv_case):
     from harness import mutants as M
     from harness.mutants import attention as A
-    from harness.production.verdict import kv_fp8_emulation as E
+    from harness.production.judging import kv_fp8_emulation as E
 
     case = short_fp8kv_case
     if name == "kv-fp8-rope-quantised":  # the writer's bug: the rows production records
@@ -317,7 +317,7 @@ def test_fp8kv_tolerances_widen_the_bf16_ones_downstream_of_the_cache_and_say_so
 
 
 def test_an_engine_case_served_with_fp8_whose_draft_ran_another_cache_fails():
-    from harness.production.engine.judge import verdict_problems
+    from harness.production.engine.generation_judge import verdict_problems
 
     def rep(stored):
         return {"counts": {"compared": 3, "max_context": 200, "index_topk": 128, "num_speculative_tokens": 1,

@@ -68,7 +68,7 @@ def _judged(final_norm, tokens1, logits1):
 def test_tp_vs_tp1_judges_step0_values_and_tokens_only():
     from harness.production.tp.multigpu import compare_tp
     from harness.components import PRODUCTION_COMPONENTS
-    from harness.production.verdict.tolerances import tolerances_for
+    from harness.production.judging.tolerances import tolerances_for
 
     tols = tolerances_for("bf16")
     base = torch.ones(2, 4)

@@ -21,14 +21,14 @@ import pytest
 import torch
 
 import reference as R
-from harness.compare import compare_traces
+from harness.trace_compare import compare_traces
 from harness.components import PRODUCTION_COMPONENTS
 from harness.production.module import side_by_side as sbs
 from harness.production.module.checkpoint_cast import cast_for_vllm
-from harness.production.verdict.fp8_emulation import (VARIANTS, as_production_trace, emulate, emulated_production_trace,
-                                              quantize_act)
-from harness.production.verdict.tolerances import (GPU_VS_REFERENCE, GPU_VS_REFERENCE_BY_QUANT, tolerance,
-                                           tolerances_for)
+from harness.production.judging.fp8_emulation import as_production_trace, emulate, emulated_production_trace
+from harness.production.judging.fp8_numerics import VARIANTS, quantize_act
+from harness.production.judging.tolerances import (GPU_VS_REFERENCE, GPU_VS_REFERENCE_BY_QUANT, tolerance,
+                                                    tolerances_for)
 from reference.fp8 import dequantize_block
 
 SPLIT, FUSED = "tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long"
@@ -80,7 +80,7 @@ def _reference_runs_once():
     import sys
 
     from harness import regimes
-    from harness.production.verdict import fp8_emulation, judge as judge_mod
+    from harness.production.judging import fp8_emulation, trace_judge as judge_mod
 
     memo: dict = {}
 

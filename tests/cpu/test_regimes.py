@@ -13,7 +13,7 @@ import reference as R
 from harness import regimes
 from harness.production.module import side_by_side as sbs
 from harness.commands.bisect_check import DEFAULT_BISECT_CASES
-from harness.production.verdict.fp8_emulation import as_production_trace
+from harness.production.judging.fp8_emulation import as_production_trace
 from reference import probes
 
 CLAMP_CASE = "tiny-k2-clamp-headwise"

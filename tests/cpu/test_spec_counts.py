@@ -18,7 +18,7 @@ import torch
 
 from harness.production.engine import spec_counts as SC
 from harness.production.engine.bookkeeping import TargetCall, check
-from harness.production.engine.replay import DraftCall
+from harness.production.engine.draft_replay import DraftCall
 
 # vllm_compat.missing() resolves every required internal in the installed vLLM, in process (~6 s of CPU
 # to import): tests/cpu/conftest.py runs this test in the worker that imports vLLM anyway, and in every
@@ -199,7 +199,7 @@ def test_metric_totals_are_a_difference_over_generate_summed_over_engines():
 
 
 def test_a_disagreement_is_reported_beside_the_engine_verdict():
-    from harness.production.engine.judge import acceptance_disagreements, verdict_problems
+    from harness.production.engine.generation_judge import acceptance_disagreements, verdict_problems
 
     rep = {"counts": {"compared": 1, "max_context": 200, "index_topk": 128, "num_speculative_tokens": 3,
                       "max_draft_steps": 3}, "load": {"landed": {"x": True}},

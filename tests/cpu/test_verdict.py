@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harness.production.module import side_by_side as sbs
-from harness.production.verdict.fp8_emulation import emulate
+from harness.production.judging.fp8_emulation import emulate
 from harness.verdict import Verdict
 
 # the module judge's report keys, in order, as side_by_side.json / rejudge.json hold them

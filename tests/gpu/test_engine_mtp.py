@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from harness.production.engine.cases import ENGINE_CASES
-from harness.production.engine.judge import rejudge, upstream_gap, verdict_problems
+from harness.production.engine.generation_judge import rejudge, upstream_gap, verdict_problems
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_subprocess]  # the engine checks the host itself
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness import goldens
-from harness.production.goldens.goldens_gpu import GOLDEN_CASES, PRODUCTION, absent_reason, not_judged_line
-from harness.production.goldens.platform_key import describe_vllm
+from harness.goldens import store
+from harness.goldens.production import GOLDEN_CASES, PRODUCTION, absent_reason, not_judged_line
+from harness.goldens.platform_key import describe_vllm
 from harness.production.cases import GPU_CASES
 from harness.production.module.side_by_side import run_case
 
@@ -25,7 +25,7 @@ def test_production_matches_its_golden(case_id, update_goldens, require_goldens)
             pytest.fail(line)
         pytest.skip(line)
     result = run_case(GPU_CASES[case_id])
-    checked = goldens.check(PRODUCTION, case_id, result.trace, regen=update_goldens)
+    checked = store.check(PRODUCTION, case_id, result.trace, regen=update_goldens)
     if checked.regenerated:
         pytest.fail(f"production {checked.message}")
     report = checked.report

@@ -27,12 +27,12 @@ def test_reference_cuda_equals_cpu():
 
 @pytest.mark.parametrize("case_id", ["tiny-moe-sink-elementwise", "tiny-share-indexer"])
 def test_side_by_side_replay_on_cuda_equals_cpu(case_id):
-    """The side by side's replay (harness.production.verdict.replay, on the GPU by default where one is
+    """The side by side's replay (harness.production.judging.teacher_forcing, on the GPU by default where one is
     present) gives the CPU replay's trace to float64 rounding, on a trace laid out as
     production's (inputs, hidden states and top-k rows of a reference run)."""
     from reference import flatten
 
-    from harness.production.verdict.replay import replay
+    from harness.production.judging.teacher_forcing import replay
 
     case = get_case(case_id)
     cfg, w, first = case.config(), case.weights(), case.first_step()

@@ -8,7 +8,7 @@ through ``HYV4MTP.load_weights`` (bf16 checkpoint, fp32 router/bias/sink/k_norm;
 the FP8 cases, ``-k fp8``, load a block-FP8 checkpoint as stored: e4m3 weights,
 float32 or UE8M0 scales, split / fused experts, expert ``.scale`` names),
 runs K proposer steps and compares every hooked component with the float64
-reference under ``harness.production.verdict.tolerances`` (one explicit atol/rtol per
+reference under ``harness.production.judging.tolerances`` (one explicit atol/rtol per
 component, each with the rounding it absorbs).
 """
 

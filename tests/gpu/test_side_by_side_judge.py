@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 
 import reference as R
-from harness.production.verdict.fp8_emulation import as_production_trace as _as_production
+from harness.production.judging.fp8_emulation import as_production_trace as _as_production
 from harness.production.cases import GPU_CASES
-from harness.production.verdict.judge import judge
+from harness.production.judging.trace_judge import judge
 
 
 @pytest.mark.parametrize("case_id", ["tiny-k3-ragged", "tiny-k3-share", "tiny-k2-nosink"])

@@ -7,14 +7,15 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
     session.py             build the engine, reach the drafter, load and audit its weights
     taps.py                the eager taps: every draft forward and target forward recorded
     graph_tap.py           the graph-mode taps at the speculator's Python seams
-    judge.py               one generation recorded, replayed and judged; the mutant sweep; re-judge
-    replay.py              CPU: the reference over the recorded draft forwards, draft-token verdict
+    generation_judge.py    one generation recorded, replayed and judged; the mutant sweep; re-judge
+    draft_replay.py        CPU: the reference over the recorded draft forwards, draft-token verdict
+    recording.py           CPU: a recorded run saved for re-judging offline, and read back
     bookkeeping.py         CPU: accepted prefix, ``last_token_indices``, feeds, layer cycling
     acceptance.py          the edited dummy target whose drafts get accepted at planned rates
     speculator_mutants.py  planted bugs in vLLM's speculator (``--mutant NAME``)
 
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
-``harness.production.verdict``; never ``harness.commands`` or ``harness.mutants``. ``replay.py`` and ``bookkeeping.py``
-never import vLLM.
+``harness.production.judging``; never ``harness.commands`` or ``harness.mutants``. ``draft_replay.py``, ``recording.py`` and
+``bookkeeping.py`` never import vLLM.
 """

@@ -2,7 +2,7 @@
 
 ``harness.production.engine`` records every target forward (``TargetCall``: ids,
 positions, the hidden states it hands the drafter, the greedy token at every row it
-computed logits for) and every draft forward (``engine_replay.DraftCall``). The replay
+computed logits for) and every draft forward (``draft_replay.DraftCall``). The replay
 runs the reference on the draft forwards' *recorded* inputs; this module checks that
 those inputs are the ones vLLM's speculator should have built, derived here
 independently of vLLM's proposer code, so a regression in the speculator (which rows

@@ -34,7 +34,7 @@ speculator's graph dispatch, the target still in graphs) under the full per-comp
 that run says whether graph replay differs from eager (a capture bug) or both differ from the
 reference (a numeric bug), and names the first divergent component.
 
-May import: ``harness.production.engine.replay`` / ``bookkeeping``, ``harness.production.vllm_compat``
+May import: ``harness.production.engine.draft_replay`` / ``bookkeeping``, ``harness.production.vllm_compat``
 (and vLLM lazily).
 """
 
@@ -47,7 +47,7 @@ import sys
 import torch
 
 from harness.production.engine.bookkeeping import TargetCall
-from harness.production.engine.replay import DraftCall
+from harness.production.engine.draft_replay import DraftCall
 from harness.production.engine.tap_guard import Guarded
 
 

@@ -35,11 +35,11 @@ Engine capture and replay. What runs (vLLM 0.33.0, all in this process,
    so the proposer's real loop runs: step 0 over every scheduled token (with
    rejected positions), steps >= 1 one token per request, metadata rebuilt by
    vLLM's builders, ``set_skip_topk`` / ``compact_topk_indices`` with index sharing.
-5. ``engine_replay.replay``: the float64 reference over the recorded calls in
+5. ``draft_replay.replay``: the float64 reference over the recorded calls in
    order; draft tokens compared where the reference's logit margin is decisive.
    Step 0 of a decode runs over the rejected slots too, with stale ids / positions
    there: the replay keeps rows <= the proposer's ``last_token_indices`` (see
-   ``engine_replay``'s module doc).
+   ``draft_replay``'s module doc).
 
 Reloading the draft: ``MLAAttention.process_weights_after_loading`` (vLLM 0.33.0
 model_executor/layers/attention/mla_attention.py, ``split_kv_b_proj`` then

@@ -12,7 +12,7 @@ The verdict passes when all three hold; its first divergent names the first that
 ("run 1 (set A): <component>", "reload: <parameter> ...", "run 2 (set B): <component>").
 
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
-``harness.production.verdict`` and the rest of ``harness.production.module``.
+``harness.production.judging`` and the rest of ``harness.production.module``.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def run_reload_case(case, *, session_kw: dict | None = None, plant_withheld: tup
     from harness.production.cases import build_inputs, reload_set_b
     from harness.production.module import audit
     from harness.production.module.runner import ProductionSession
-    from harness.production.verdict.judge import judge
+    from harness.production.judging.trace_judge import judge
 
     t0 = time.perf_counter()
     case_b = reload_set_b(case)

@@ -9,14 +9,14 @@ compressed-tensors ones (``CT_CASE_IDS``), ``--reload`` the weights-updated-in-p
 (``RELOAD_CASE_IDS``, ``module/reload.py``); tolerances are ``tolerances.tolerances_for(case.quant)``.
 A case's ``upstream_gaps`` (a known vLLM gap it exists to show) fails with the gap named first.
 
-The verdict (``harness.production.verdict.judge``) is against the EXACT (float64) reference with
+The verdict (``harness.production.judging.trace_judge``) is against the EXACT (float64) reference with
 ``tolerances_for(quant)``; the table also shows the max abs error against the reference run
 with PRODUCTION numerics (bf16 storage, fp32 accumulation), which isolates
 kernel/ordering noise from the spec.
 Exit codes: 0 all cases pass, 1 a numeric mismatch, 125 cannot judge (no GPU/vLLM).
 
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
-``harness.production.verdict`` and the rest of ``harness.production.module``.
+``harness.production.judging`` and the rest of ``harness.production.module``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from harness.atomic import atomic_write_json
 from harness.production.cases import (CT_CASE_IDS, FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES,
                                       RELOAD_CASE_IDS, CaseInputs, GpuCase, _case_from_dict, build_inputs,
                                       case_inputs, reload_set_b)
-from harness.production.verdict.judge import judge
+from harness.production.judging.trace_judge import judge
 from harness.verdict import Verdict
 
 

@@ -22,8 +22,9 @@ from harness.production.engine.graph_regimes import measure as measure_graph_reg
 from harness.production.engine.graph_regimes import MARK as GRAPH_REGIME_MARK
 from harness.production.engine.graph_regimes import problems as graph_regime_problems
 from harness.production.engine.graph_regimes import table as graph_regime_table
-from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
-                                              replay, run_facts, save_recording)
+from harness.production.engine.draft_replay import (DraftCall, component_errors, expects_logits, judge_tokens,
+                                                    replay, run_facts)
+from harness.production.engine.recording import load_recording, save_recording
 from harness.production.engine.session import build_session, engine_inputs, prompts_for
 from harness.production.engine.taps import DrafterTap, TargetTap, graph_replay_counts
 from harness.verdict import Verdict
@@ -39,7 +40,7 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     ``generated``, the output tokens per prompt, says when each request finished),
     ``mismatch_examples``, ``replay_errors``, ``components``, ``tap_errors``."""
     import reference as R
-    from harness.production.verdict.tolerances import tolerances_for
+    from harness.production.judging.tolerances import tolerances_for
 
     from harness.production.engine import bookkeeping
 
@@ -150,7 +151,7 @@ def verdict_problems(rep: dict) -> list[str]:
         p.append("no draft token was compared")
     for key in ("not_replayed", "calls_without_logits", "unmatched_sample_rows",
                 "tap_errors", "proposal_token_disagreements",
-                # the replay's model of the proposer (engine_replay's module doc) does not hold
+                # the replay's model of the proposer (draft_replay's module doc) does not hold
                 "sampled_row_not_last_token_index", "seq_len_disagreements", "step0_without_last_token_indices"):
         if c.get(key):
             p.append(f"{key}: {c[key]}")

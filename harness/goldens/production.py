@@ -8,7 +8,7 @@ judged on every vLLM version of it; on another platform there is no golden to
 judge, and the callers say so ("NOT JUDGED"), never "ok". A host baseline
 (``baseline.py``, ``bisect-check --record-baseline DIR``) is the same thing
 under another root, recorded by the user at a known-good vLLM. Both are judged through the one
-golden entry, ``goldens.check(PRODUCTION, case_id, prod, root=...)``: on a mismatch the obtained
+golden entry, ``store.check(PRODUCTION, case_id, prod, root=...)``: on a mismatch the obtained
 trace is written beside the golden (``<case>.obtained.safetensors``) and a line names both files.
 
     python -m harness goldens record [--root DIR] [--case ID ...]   # 0: every case recorded
@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from harness import goldens
-from harness.compare import (INDEX_COMPONENTS, ComponentResult, Report, Tolerance, compare_traces,
+from harness.goldens import store
+from harness.trace_compare import (INDEX_COMPONENTS, ComponentResult, Report, Tolerance, compare_traces,
                              index_rows_differing)
 from harness.components import PRODUCTION_COMPONENTS
 from harness.case_registry import ids as case_ids
-from harness.production.goldens import platform_key
-from harness.production.verdict.judge import derive_indexer
-from harness.production.verdict.tolerances import GPU_VS_REFERENCE
+from harness.goldens import platform_key
+from harness.production.judging.trace_judge import derive_indexer
+from harness.production.judging.tolerances import GPU_VS_REFERENCE
 
 KIND = "production"
 # the production goldens' cases (harness.case_registry: role golden, kind module), the same set as
@@ -40,7 +40,7 @@ GOLDEN_CASES = case_ids(role="golden", kind="module")
 # the first divergent component of a golden check names the cause (a k_norm LayerNorm no longer in
 # fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's
 # q_scale / q_deq / head_weights are derived from the captured q_fp8, indexer.kw and folded
-# weights exactly as the side by side derives them (harness.production.verdict.judge.derive_indexer).
+# weights exactly as the side by side derives them (harness.production.judging.trace_judge.derive_indexer).
 STORED = PRODUCTION_COMPONENTS
 # Steps with more rows than this store an evenly spaced subset of their per-token rows (each
 # request's first and last row included; ``step{k}.golden_rows``): a kept row costs ~15 kB
@@ -164,7 +164,7 @@ def _encode(case_id: str, prod: dict) -> dict:
         n = _n_tokens(prod, step)
         if comp == "indexer.q_deq":
             q8 = prod.get(f"{step}.{Q_FP8}")
-            if q8 is not None:  # the e4m3 values; goldens.write stores them in 1 byte
+            if q8 is not None:  # the e4m3 values; store.write stores them in 1 byte
                 out[f"{step}.{Q_FP8}"] = _take(q8.detach().cpu(), rows.get(step), n)
                 continue
         v = _take(v, rows.get(step), n).contiguous()
@@ -196,9 +196,9 @@ def _decode(stored: dict) -> tuple[dict, dict]:
     return view, rows
 
 
-def stored_components(case_id: str, root: Path = goldens.ROOT) -> list[str]:
+def stored_components(case_id: str, root: Path = store.ROOT) -> list[str]:
     """The components a recorded golden holds (after decoding), in dataflow order, without steps."""
-    view, _ = _decode(goldens.load(KIND, case_id, root)[0])
+    view, _ = _decode(store.load(KIND, case_id, root)[0])
     have = {_step_comp(k)[1] for k in view}
     return [c for c in STORED if c in have]
 
@@ -227,18 +227,18 @@ def _golden(case_id: str, prod: dict, key: dict, vllm: dict) -> tuple[dict, dict
                       "router_gemm": {"components": list(ROUTER_GEMM), "of_largest_abs": ROUTER_GEMM_RTOL}}}
 
 
-def record_set(traces: dict[str, dict], root: Path = goldens.ROOT, manifest_extra: dict | None = None) -> list[Path]:
+def record_set(traces: dict[str, dict], root: Path = store.ROOT, manifest_extra: dict | None = None) -> list[Path]:
     """Record the goldens of ``{case_id: production trace}`` under ``root``, stamped with this
     platform's key and vLLM: every tensor encoded before anything is written, the manifest last
-    (``goldens.write_set``). One case on purpose: ``goldens.check(PRODUCTION, ..., regen=True)``."""
+    (``store.write_set``). One case on purpose: ``store.check(PRODUCTION, ..., regen=True)``."""
     key, vllm = platform(), recorded_with()
     cases = {cid: _golden(cid, prod, key, vllm) for cid, prod in traces.items()}
-    return goldens.write_set(KIND, cases, root, manifest_extra)
+    return store.write_set(KIND, cases, root, manifest_extra)
 
 
-def absent_reason(case_id: str, root: Path = goldens.ROOT) -> str | None:
+def absent_reason(case_id: str, root: Path = store.ROOT) -> str | None:
     """Why ``case_id`` has no golden to judge under ``root`` on this platform, or None when it has."""
-    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
+    entry = store.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
     if entry is None:
         return f"no golden of this case in {root}"
     now = platform()
@@ -304,10 +304,10 @@ def _judge(case_id: str, prod: dict, tensors: dict, entry: dict, root: Path) -> 
     return report
 
 
-# production goldens through the one entry, ``goldens.check(PRODUCTION, case_id, prod, root=...)``:
+# production goldens through the one entry, ``store.check(PRODUCTION, case_id, prod, root=...)``:
 # a golden applies only on the platform it was recorded on (``absent_reason``); the platform and
 # vLLM are looked up when a golden is written (tests replace ``platform`` / ``recorded_with``)
-PRODUCTION = goldens.GoldenKind(
+PRODUCTION = store.GoldenKind(
     KIND, encode=lambda case_id, prod: _encode(case_id, prod),
     entry=lambda case_id, prod: _golden(case_id, prod, platform(), recorded_with())[1],
     judge=lambda *a: _judge(*a), absent=lambda case_id, root: absent_reason(case_id, root))
@@ -315,12 +315,12 @@ PRODUCTION = goldens.GoldenKind(
 
 def judge_golden(label: str, case_id: str, prod: dict, root, table: bool = False) -> tuple[object, int, list[dict]]:
     """``case_id``'s production trace against its golden under ``root`` (the checked-in goldens, or
-    a host baseline) through ``goldens.check``, its lines printed (``table``: the report's table
+    a host baseline) through ``store.check``, its lines printed (``table``: the report's table
     first) -> (report or None, EXIT_OK / EXIT_MISMATCH of what was judged, the parts not judged:
     [{"part", "reason"}]). On a mismatch the obtained trace lies beside the golden; a line names both."""
     from harness.exitcodes import EXIT_MISMATCH, EXIT_OK
 
-    checked = goldens.check(PRODUCTION, case_id, prod, root=root)
+    checked = store.check(PRODUCTION, case_id, prod, root=root)
     golden = checked.report
     if golden is None:
         why = checked.absent or "no golden"
@@ -417,9 +417,9 @@ def not_judged_line(label: str, case_id: str, reason: str) -> str:
     return f"NOT JUDGED: {label} {case_id} ({reason})"
 
 
-def list_goldens(root: Path = goldens.ROOT) -> list[str]:
+def list_goldens(root: Path = store.ROOT) -> list[str]:
     """One line per production golden under ``root``: its platform key and the vLLM it was recorded with."""
-    cases = goldens.read_manifest(root)["cases"]
+    cases = store.read_manifest(root)["cases"]
     return [f"{key}: platform {platform_key.describe(platform_key.key_of(e.get('platform') or {}))}; "
             f"recorded with {platform_key.describe_vllm(_recorded_with(e))}"
             for key, e in sorted(cases.items()) if key.startswith(KIND + "/")]
@@ -434,7 +434,7 @@ def main(argv=None) -> int:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=("record", "check", "list"))
     ap.add_argument("--case", action="append", help=f"case id (default: {', '.join(GOLDEN_CASES)})")
-    ap.add_argument("--root", default=str(goldens.ROOT), help="goldens directory (default: the checked-in goldens/)")
+    ap.add_argument("--root", default=str(store.ROOT), help="goldens directory (default: the checked-in goldens/)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     args = ap.parse_args(argv)
     return run_guarded(_command, args, debug=args.debug)
@@ -456,7 +456,7 @@ def _command(args) -> int:
         for line in list_goldens(root) or [f"no production goldens in {root}"]:
             print(line)
         return EXIT_OK
-    checked_in = root.resolve() == goldens.ROOT.resolve()
+    checked_in = root.resolve() == store.ROOT.resolve()
     if args.action == "record" and checked_in and ci_is_set():
         raise CLIError(f"record into {root} is refused when CI is set: the checked-in goldens are "
                        "re-recorded on purpose, by a person (or give --root DIR)")

@@ -47,7 +47,7 @@ class ComponentResult:
     ties: int = 0
     note: str = ""
     # a golden / baseline comparison: max |d| over the rows whose value is settled run to run (the
-    # order-variant rows left out, ``goldens_gpu``); None where every row is (or rows are unknown)
+    # order-variant rows left out, ``harness.goldens.production``); None where every row is (or rows are unknown)
     max_abs_settled: float | None = None
 
     def as_dict(self) -> dict:

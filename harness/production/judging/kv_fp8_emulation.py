@@ -7,7 +7,7 @@ through the FP8 rounding of the cached latent: an element of a bf16-noisy latent
 rounding midpoint lands one e4m3 step away, a tile scale flips by 2 when its amax sits near a
 power of two. This runs the reference with PRODUCTION numerics and the FP8 cache as the stand-in
 for production (its rows packed by the reference's writer as ``attn.kv_cache_rows``), judges it
-with ``verdict.judge.judge`` (bf16 tolerances, no FP8-KV widening) and prints per component the
+with ``judging.trace_judge.judge`` (bf16 tolerances, no FP8-KV widening) and prints per component the
 max |d| vs EXACT and the atol needed at the table's rtol, next to the same run with a bf16 cache:
 the starting point of ``harness.components.KV_CACHE_FP8_ATOL`` (2x the max |d|).
 
@@ -25,7 +25,7 @@ import reference as R
 def emulated_trace(case) -> dict:
     """The reference with PRODUCTION numerics and ``case.kv_cache_dtype``, shaped as a production trace."""
     from harness.production.cases import case_inputs
-    from harness.production.verdict.fp8_emulation import as_production_trace
+    from harness.production.judging.fp8_emulation import as_production_trace
     from reference import kv_cache
 
     hf, _, weights = case_inputs(case)
@@ -43,8 +43,8 @@ def emulated_trace(case) -> dict:
 def measure(case) -> dict:
     """{component: {"max_abs", "atol_needed", "passed"}} of the emulated run judged against EXACT."""
     from harness.components import tolerance_table
-    from harness.production.verdict.fp8_emulation import needed_atol
-    from harness.production.verdict.judge import judge
+    from harness.production.judging.fp8_emulation import needed_atol
+    from harness.production.judging.trace_judge import judge
 
     res = judge(case, emulated_trace(case), {}, tolerances=tolerance_table(case.quant))
     return needed_atol(res)
