@@ -1,6 +1,7 @@
 """vLLM's real ``HYV4MTP`` on CUDA, side by side with the reference (map: README.md here).
 
-    cases.py      the side-by-side cases and their inputs (CPU)
+    case_inputs.py  a side-by-side case's inputs (CPU; the cases are harness.case_registry's)
+    cases.py      compatibility names for harness/commands/* only (removed at the issue-44 merge)
     module/       the module-level path: build, load, hook and run ``HYV4MTP`` as the proposer does
     verdict/      CPU: the reference replayed on production's inputs, tolerances, the judge, FP8 emulation
     engine/       the engine path: ``vllm.LLM`` with vLLM's own MTP speculator, recorded and replayed

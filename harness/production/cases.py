@@ -1,130 +1,20 @@
-"""The side-by-side cases (kind "module" of ``harness.case_registry``): ``GpuCase`` (a preset or
-checkpoint directory, inputs, steps, quantization), the registry's views ``GPU_CASES`` /
-``PROBE_CASES`` / ``BISECT_CASES`` / ``FP8_CASE_IDS`` / ``MODELOPT_CASE_IDS`` / ``CT_CASE_IDS`` /
-``RELOAD_CASE_IDS``, and ``CaseInputs`` / ``build_inputs`` (the HF config,
-the checkpoint tensors for vLLM, the reference's weights and first step of a case). CPU only, no vLLM.
+"""Compatibility names for ``harness/commands/*`` only (being split in issue 44 meanwhile), deleted
+when the lead's merge points their imports at the registry's queries and ``case_inputs``.
+Nothing else imports this module: ``tests/cpu/test_case_registry.py`` checks that.
 
-May import: ``reference``, ``harness.case_registry``, ``harness.checkpoint``.
+  BISECT_CASES  = case_registry.ids(role="bisect", kind="module")
+  GPU_CASES     = case_registry.specs(kind="module", without="probe")
+  GpuCase       = harness.case_specs.GpuCase
+  build_inputs  = harness.production.case_inputs.build_inputs
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import os
-import shutil
-import tempfile
+from harness.case_registry import ids, specs
+from harness.case_specs import GpuCase
+from harness.production.case_inputs import build_inputs
 
-from harness.case_registry import GpuCase, ids, specs
+__all__ = ["BISECT_CASES", "GPU_CASES", "GpuCase", "build_inputs"]
 
-
-@dataclasses.dataclass(frozen=True)
-class CaseInputs:
-    """Everything a side-by-side run and its judge read of one case, built once (``build_inputs``)
-    and passed from the command down to the production run and the judge.
-
-    bf16: the preset config, unquantized checkpoint tensors (cast to bf16/fp32 by the runner) and
-    the seeded canonical weights. FP8: the config with ``mtp_quant_algo: FP8`` +
-    ``quantization_config`` (as ``write_synthetic`` writes it), the tensors as stored (FP8 stays
-    FP8) and ``LoadedCheckpoint.vllm_weights()``. A checkpoint directory: read like any real one.
-    """
-
-    case: GpuCase
-    hf_config: dict       # the HF config vLLM builds from
-    config: object        # reference.MTPConfig of ``hf_config``
-    checkpoint: dict      # tensors for vLLM's load_weights, as stored
-    weights: dict         # the reference's canonical weights (FP8: exactly what vLLM holds after loading)
-    first: object         # reference.StepInput: the first draft step's inputs (seed, requests, tokens)
-
-
-def build_inputs(case: GpuCase, loaded=None) -> CaseInputs:
-    """The ``CaseInputs`` of ``case``: the one place they are made. ``loaded``: the
-    ``LoadedCheckpoint`` of ``case.ckpt_dir`` where the caller already read it (not read again)."""
-    import reference as R  # torch: only when inputs are made (case ids are checked without it)
-
-    hf, ckpt, weights = _checkpoint_and_weights(case, loaded)
-    cfg = R.MTPConfig.from_hf_dict(hf)
-    return CaseInputs(case, hf, cfg, ckpt, weights, R.make_case(cfg, case.seed, case.requests, case.tokens))
-
-
-def _checkpoint_and_weights(case: GpuCase, loaded=None) -> tuple[dict, dict, dict]:
-    if case.ckpt_dir:  # a checkpoint on disk: read like any real one (FP8 stays FP8 for vLLM)
-        if loaded is None:
-            from harness.checkpoint.loader import load_checkpoint
-            loaded = load_checkpoint(case.ckpt_dir)
-        return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
-    import reference as R
-    from harness.checkpoint.names import to_checkpoint
-
-    hf = case.hf_config()
-    cfg = R.MTPConfig.from_hf_dict(hf)
-    weights = R.random_weights(cfg, case.seed, draw=case.weights_draw)
-    if case.quant == "bf16":
-        return hf, to_checkpoint(cfg, weights, case.naming, case.experts), weights
-    # FP8: write the synthetic checkpoint and read it back like any real one, so
-    # production gets the stored tensors (e4m3 + scales) and the reference the
-    # exact dequantized weights vLLM holds after loading.
-    from harness.checkpoint.loader import load_checkpoint
-    from harness.checkpoint.synth import write_synthetic
-    tmp = tempfile.mkdtemp(prefix=f"hyv4-{case.id}-")
-    try:
-        path = write_synthetic(os.path.join(tmp, "ckpt"), hf, weights, naming=case.naming,
-                               experts=case.experts, quant=case.quant,
-                               expert_scale_suffix=case.expert_scale_suffix, bf16_layers=case.bf16_layers,
-                               ct_ignore_style=case.ct_ignore)
-        loaded = load_checkpoint(path)
-        return loaded.hf_config, loaded.stored_tensors(), loaded.vllm_weights()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@functools.lru_cache(maxsize=4)
-def _cached(case_json: str) -> tuple[dict, dict, dict]:
-    return _checkpoint_and_weights(_case_from_dict(json.loads(case_json)))
-
-
-def case_inputs(case: GpuCase) -> tuple[dict, dict, dict]:
-    """(HF config, checkpoint tensors for vLLM's load_weights, reference weights) of ``case``, for
-    callers that hold only a case (a TP worker process, the FP8 emulation, a re-judge of saved
-    traces): cached per case, so repeated calls in one process share one build. A side-by-side
-    run takes its ``CaseInputs`` from ``build_inputs`` instead and passes it down."""
-    return _cached(json.dumps(dataclasses.asdict(case), sort_keys=True))
-
-
-def _case_from_dict(d: dict) -> GpuCase:
-    """Inverse of ``dataclasses.asdict`` (JSON lists back to the tuples the case holds)."""
-    d = dict(d)
-    d["overrides"] = tuple((k, v) for k, v in d.get("overrides", ()))
-    for key in ("known_audit", "bf16_layers", "expect_unquantized"):
-        d[key] = tuple(d.get(key, ()))
-    d["upstream_gaps"] = tuple(tuple(g) for g in d.get("upstream_gaps", ()))
-    return GpuCase(**d)
-
-
-def reload_set_b(case: GpuCase) -> GpuCase:
-    """The case of a reload case's weight set B: the same case with ``seed = reload_seed`` (its
-    weights and its run's inputs), no further reload."""
-    if case.reload_seed is None:
-        raise ValueError(f"{case.id}: not a reload case (reload_seed is None)")
-    return dataclasses.replace(case, seed=case.reload_seed, reload_seed=None)
-
-
-# Views of the registry (``harness.case_registry``), the one place a case is declared.
-GPU_CASES: dict[str, GpuCase] = specs(kind="module", without="probe")
-
-MODELOPT_CASE_IDS = ids(role="modelopt", kind="module")
-
-FP8_CASE_IDS = ids(role="fp8", kind="module")
-
-CT_CASE_IDS = ids(role="compressed-tensors", kind="module")
-
-RELOAD_CASE_IDS = ids(role="reload", kind="module")
-
-# The one list of the side-by-side cases a bisect judges: bisect-check's default set, and the
-# production goldens' and host baselines' case set (roles bisect and golden of the same records;
-# the regimes they are chosen for: the registry's ``regimes`` field).
 BISECT_CASES = ids(role="bisect", kind="module")
-
-# Configs the SM90 kernels refuse (kept to document the constraint; expected to raise).
-PROBE_CASES: dict[str, GpuCase] = specs(role="probe", kind="module")
+GPU_CASES = specs(kind="module", without="probe")

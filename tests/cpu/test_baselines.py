@@ -17,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from harness import cli, goldens
+from harness import case_registry, cli, goldens
 from harness.production import can_run
 from harness.compare import Report
 from harness.production.goldens import baseline, goldens_gpu
@@ -287,7 +287,7 @@ def test_goldens_gpu_check_is_125_without_a_golden_and_record_refused_under_ci(t
     assert goldens_gpu.main(["record", "--root", str(tmp_path / "g")]) == 0
     assert goldens_gpu.main(["check", "--root", str(tmp_path / "g")]) == 0
     assert goldens_gpu.main(["list", "--root", str(tmp_path / "g")]) == 0
-    listed = _lines(capsys)[-len(goldens_gpu.GOLDEN_CASES):]
+    listed = _lines(capsys)[-len(case_registry.ids(role="golden", kind="module")):]
     assert listed[0].startswith("production/tiny-k2-clamp-headwise: platform gpu=NVIDIA H100 80GB HBM3, capability=9.0")
     assert listed[0].endswith("recorded with vLLM 0.33.0 (g4ba787ec9)")
     monkeypatch.setenv("CI", "true")

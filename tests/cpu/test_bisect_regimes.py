@@ -11,6 +11,7 @@ import os
 import pytest
 
 import reference as R
+from harness.production.case_inputs import case_inputs
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
 from harness.commands import compare as compare_cli
@@ -21,7 +22,7 @@ from harness.regimes import REGIMES
 
 
 def _stand_in(case, clamp: bool = True) -> dict:
-    hf, _, w = sbs.case_inputs(case)
+    hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     if not clamp:
         cfg = cfg.replace(swiglu_limit=0.0)

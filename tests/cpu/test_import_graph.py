@@ -104,15 +104,23 @@ def test_the_cycle_finder_finds_cycles():
 # A prefix allows the module and everything under it.
 ALLOWED = {
     "reference": ("reference",),
-    "harness.components": (),
-    # the case registry: torch-free; the presets and the reference only when a case's inputs are made
-    "harness.case_registry": ("harness.presets", "reference"),
-    "harness.production.cases": ("reference", "harness.case_registry", "harness.checkpoint"),
+    "harness.record_checks": (),  # the records' self-checks: under every registry
+    "harness.components": ("harness.record_checks",),
+    # the case registry and its specs: torch-free; the presets and the reference only when a case's
+    # inputs are made; the closed sets of QUANTS and GRAPH_REGIMES (both torch-free)
+    "harness.case_registry": ("harness.case_specs", "harness.record_checks", "harness.presets", "reference",
+                              "harness.checkpoint.options", "harness.production.engine.graph_regimes"),
+    "harness.case_specs": ("harness.record_checks", "harness.presets", "reference", "harness.checkpoint.options",
+                           "harness.production.engine.graph_regimes"),
+    "harness.production.case_inputs": ("reference", "harness.case_specs", "harness.record_checks", "harness.presets",
+                                       "harness.checkpoint", "harness.production.engine.graph_regimes"),
     "harness.verdict": (),
     "harness.production.verdict": ("reference", "harness.components", "harness.compare", "harness.regimes",
                                    "harness.verdict",
                                    "harness.production.can_run", "harness.presets", "harness.checkpoint",
-                                   "harness.production.cases", "harness.production.verdict"),
+                                   "harness.production.case_inputs", "harness.case_registry", "harness.case_specs",
+                                   "harness.record_checks",
+                                   "harness.production.engine.graph_regimes", "harness.production.verdict"),
     "harness.production.module.capture": ("harness.components",),
     # harness.input_checks: the bounded reader of a recording (a FIFO or /dev/zero refused, no mmap)
     "harness.production.engine.replay": ("reference", "harness.compare", "harness.components", "harness.atomic",
@@ -133,7 +141,7 @@ MUTANTS = ("harness.mutants",)
 # Every layer (any level) whose modules, with their lazy imports, must form no cycle: the
 # command layer, the mutants and the production paths they drive.
 ACYCLIC = ("harness.commands", "harness.mutants", "harness.production.engine", "harness.production.module",
-           "harness.production.goldens", "harness.production.tp", "harness.production.cases")
+           "harness.production.goldens", "harness.production.tp", "harness.production.case_inputs")
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -212,8 +220,8 @@ CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks"
 CI_SPEED_MAY_IMPORT = {
     # it runs the production side of every GPU case to compile its kernels, asking first whether
     # production can run here
-    "harness.ci_speed.warmup": ("harness.production.can_run", "harness.production.cases",
-                                "harness.production.engine.cases", "harness.production.engine.judge",
+    "harness.ci_speed.warmup": ("harness.production.can_run", "harness.case_registry",
+                                "harness.production.engine.engine_env", "harness.production.engine.judge",
                                 "harness.production.module.side_by_side"),
     # the GPU device nodes (is there a GPU to tune for, one per worker), without importing torch
     "harness.ci_speed.pytest_plugin": ("harness.production.can_run",),
@@ -254,7 +262,7 @@ def test_the_ci_speed_rule_fails_on_a_violation():
     assert ci_speed_problems({"harness.production.module.runner": {"harness.ci_speed.startup_gc"}})
     assert ci_speed_problems({"harness.cli": {"harness.ci_speed.pytest_plugin"}})
     assert ci_speed_problems({"reference.mtp": {"harness.ci_speed.jit_cache"}})
-    assert ci_speed_problems({"harness.ci_speed.xdist_schedule": {"harness.production.cases"}})
+    assert ci_speed_problems({"harness.ci_speed.xdist_schedule": {"harness.production.case_inputs"}})
     assert not ci_speed_problems({"harness.cli": {"harness.ci_speed.jit_cache", "harness.production.can_run"},
                                   "harness.ci_speed.xdist_schedule": {"harness.atomic", "harness.ci_speed.jit_cache"}})
 

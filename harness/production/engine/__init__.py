@@ -1,7 +1,8 @@
 """The engine path: ``vllm.LLM`` with vLLM's own MTP speculator, every draft
 forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
 
-    cases.py               the engine cases (torch-free: case ids are checked before anything heavy)
+    engine_env.py          an engine subprocess's environment (torch-free; the cases are harness.case_registry's)
+    cases.py               compatibility names for harness/commands/* only (removed at the issue-44 merge)
     __main__.py            ``python -m harness.production.engine``: runs ``harness.commands.engine``
     session.py             build the engine, reach the drafter, load and audit its weights
     taps.py                the eager taps: every draft forward and target forward recorded
@@ -12,7 +13,7 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
     acceptance.py          the edited dummy target whose drafts get accepted at planned rates
     speculator_mutants.py  planted bugs in vLLM's speculator (``--mutant NAME``)
 
-May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
+May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case_inputs``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
 ``harness.production.verdict``; never ``harness.commands`` or ``harness.mutants`` (the
 ``__main__.py`` entry point excepted: nothing imports it). ``replay.py`` and ``bookkeeping.py``

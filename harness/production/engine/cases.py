@@ -1,38 +1,16 @@
-"""The engine cases (kind "engine" of ``harness.case_registry``): which ``vllm.LLM`` runs the
-engine tier makes (torch-free: ``harness warmup`` and ``compare`` check a case id, exit 2, before
-anything heavy is imported)."""
+"""Compatibility names for ``harness/commands/*`` only (being split in issue 44 meanwhile), deleted
+when the lead's merge points their imports at the registry's queries and ``engine_env``.
+Nothing else imports this module: ``tests/cpu/test_case_registry.py`` checks that.
+
+  ENGINE_CASES = case_registry.specs(kind="engine")
+  engine_env   = harness.production.engine.engine_env.engine_env
+"""
 
 from __future__ import annotations
 
-import os
+from harness.case_registry import specs
+from harness.production.engine.engine_env import engine_env
 
-from harness.case_registry import EngineCase, specs
+__all__ = ["ENGINE_CASES", "engine_env"]
 
-# A fixed KV cache size for the engine (GiB): vLLM then skips its memory profiling, which fails
-# when another process on the same GPU allocates or frees memory meanwhile
-ENGINE_KV_GIB_ENV = "HYV4_ENGINE_KV_CACHE_GIB"
-SHARED_GPU_KV_GIB = "4"
-
-
-def engine_env(shared_gpu: bool, env: dict | None = None, computing: int = 1) -> dict:
-    """The environment of an engine subprocess: ``env`` (default ``os.environ``), with a fixed KV
-    size (``SHARED_GPU_KV_GIB`` unless one is set) when other processes use the GPU beside it,
-    and, when ``computing`` processes (it included) use the host's CPU at once, its share of the
-    cores as torch threads (``can_run.shared_thread_env``, unless the user set a count)."""
-    from harness.production.can_run import shared_thread_env
-
-    env = dict(os.environ if env is None else env)
-    if shared_gpu and not env.get(ENGINE_KV_GIB_ENV, "").strip():
-        env[ENGINE_KV_GIB_ENV] = SHARED_GPU_KV_GIB
-    return shared_thread_env(env, computing) if computing > 1 else env
-
-
-# The registry's engine cases (``harness.case_registry``, the one place a case is declared)
-ENGINE_CASES: dict[str, EngineCase] = specs(kind="engine")
-
-# weights updated in place (role "reload"): generate with set A, reload the drafter with set B, judge
-RELOAD_ENGINE_CASES: dict[str, EngineCase] = specs(role="reload", kind="engine")
-
-# every engine case a bisect-check runs, --graphs included (roles "bisect", "graph-bisect")
-BISECT_ENGINE_CASE_IDS: tuple[str, ...] = (*specs(role="bisect", kind="engine"),
-                                           *specs(role="graph-bisect", kind="engine"))
+ENGINE_CASES = specs(kind="engine")

@@ -5,6 +5,6 @@ record|check|list``), ``platform_key`` says which platform a golden belongs to (
 capability, torch, CUDA; the vLLM version is stamped, never compared), ``baseline`` keeps the
 same goldens in a directory the user records on the host at the good commit of a bisect.
 
-May import: ``reference``, ``harness``, ``harness.production.cases``, ``harness.production.verdict``,
+May import: ``reference``, ``harness``, ``harness.production.case_inputs``, ``harness.production.verdict``,
 and (to run cases) ``harness.production.module``.
 """
