@@ -236,7 +236,8 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # index sharing, K = 3 and a heavy sink
     _mod(GpuCase("tiny-k3-share", overrides=(("index_share_for_mtp_iteration", True),), requests=3,
                  tokens=8, steps=3, seed=5),
-         *_BISECT, regimes=("index_share_steps", "draft_steps", "sink_mass_mean", "elementwise_gate_rows"), order=0, tp=0),
+         *_BISECT, regimes=("index_share_steps", "draft_steps", "sink_mass_mean", "elementwise_gate_rows"), order=0,
+         tp=0),
     # contexts longer than index_topk (128): the indexer's choice matters; routing near-ties
     _mod(GpuCase("tiny-k2-long", requests=2, tokens=160, steps=2, seed=6),
          *_BISECT, regimes=("topk_selecting_rows_frac", "routing_near_tie_rows", "indexer_ue8m0_rounded_frac"),

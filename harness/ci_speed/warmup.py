@@ -59,6 +59,7 @@ import sys
 import tempfile
 import time
 
+from .. import case_registry  # torch-free: the cases' ids and specs, no inputs made
 from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
 from ..production.can_run import GPU_DEVICE_GLOB
@@ -74,7 +75,6 @@ def _default_engines() -> tuple[str, ...]:
     every other CUDA-graph engine case (each its own configuration of capture, torch.compile and
     draft-decode kernels: K, index sharing, padded batch sizes). A bisect case with two MTP layers
     runs vLLM's multi-module speculator, whose input kernels (Triton) no one-layer case builds."""
-    from .. import case_registry
     engine_cases = case_registry.specs(kind="engine")
 
     bisect = [*case_registry.ids(role="bisect", kind="engine"), *case_registry.ids(role="graph-bisect", kind="engine")]
@@ -123,7 +123,6 @@ def add_arguments(p) -> None:
 
 def check_arguments(args) -> None:
     """Bad flags exit 2 before anything is imported or compiled."""
-    from .. import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
     engine_cases = case_registry.specs(kind="engine")
 
@@ -235,7 +234,6 @@ def plan_lanes(cases: list[str], engines, lanes: int) -> tuple[str | None, list[
     (``engines``: an id, a list of ids or None), real dims, the other bf16 cases, in that order
     of their cold cost -- goes to lane i mod ``lanes``. A lane is {"cases": [...], "engines":
     [...]}; a family that is not wanted leaves no lane."""
-    from .. import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
 
     engines = [] if engines is None else [engines] if isinstance(engines, str) else list(engines)
@@ -317,7 +315,6 @@ PREFETCH = {
 
 def plan_prefetch(cases: list[str], engine: bool = False) -> list[str]:
     """The ``PREFETCH`` kernels the steps to warm (module-level ``cases``, an ``engine``) may need."""
-    from .. import case_registry
 
     gpu_cases = [case_registry.spec(c, kind="module", without="probe") for c in cases]
     return [name for name, (needed, _) in PREFETCH.items() if needed(gpu_cases, engine)]
@@ -422,7 +419,7 @@ def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str
 
 def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
     """Start each lane of ``wave`` (numbered from ``n + 1``), one ``python -m harness warmup`` process each."""
-    from harness.production.engine.engine_env import engine_env
+    from ..production.engine.engine_env import engine_env
 
     running = []
     for lane in wave:
@@ -472,7 +469,6 @@ def run(args, log=print) -> dict:
     jit_cache.precompile_bytecode()  # --cache DIR: its bytecode layer (cli.main did $HYV4_JIT_CACHE's)
     root = os.environ.get(JIT_CACHE_ENV)
     phases["bytecode"] = round(time.perf_counter() - t_origin, 2)
-    from .. import case_registry  # torch-free, as the engine cases: the plan needs neither
     gpu_cases = case_registry.specs(kind="module", without="probe")
     engine_cases = case_registry.specs(kind="engine")
 
@@ -531,7 +527,6 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
     """Every step of ``todo`` in this process, in order, each stamped as it ends."""
     import torch
 
-    from .. import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
     engine_cases = case_registry.specs(kind="engine")
     from ..production.engine.judge import run_case as run_engine_case

@@ -118,7 +118,8 @@ def _engine_calls(cfg, gen, rejected_step: bool):
 
 
 def test_rejected_positions_are_overwritten_by_the_next_step():
-    cfg, w = case_registry.spec("tiny-moe-sink-elementwise", kind="reference").config(), case_registry.spec("tiny-moe-sink-elementwise", kind="reference").weights()
+    case = case_registry.spec("tiny-moe-sink-elementwise", kind="reference")
+    cfg, w = case.config(), case.weights()
     clean = replay(cfg, w, _engine_calls(cfg, torch.Generator().manual_seed(0), False))
     dirty = replay(cfg, w, _engine_calls(cfg, torch.Generator().manual_seed(0), True))
     assert not [r.error for r in clean + dirty if r.error]
@@ -127,7 +128,8 @@ def test_rejected_positions_are_overwritten_by_the_next_step():
 
 
 def test_a_position_nothing_wrote_is_reported_not_read():
-    cfg, w = case_registry.spec("tiny-moe-sink-elementwise", kind="reference").config(), case_registry.spec("tiny-moe-sink-elementwise", kind="reference").weights()
+    case = case_registry.spec("tiny-moe-sink-elementwise", kind="reference")
+    cfg, w = case.config(), case.weights()
     calls = _engine_calls(cfg, torch.Generator().manual_seed(0), False)
     calls[-1].positions = calls[-1].positions + 2  # skips two positions of each request
     reps = replay(cfg, w, calls)

@@ -54,7 +54,8 @@ def _judge(cfg, w, steps):
 
 @pytest.fixture(scope="module", params=["tiny-moe-sink-elementwise", "tiny-share-indexer"])
 def sparse_case(request):
-    case = case_registry.spec(request.param, kind="reference")  # sparse attention; the second shares step 0's top-k rows
+    # sparse attention; the second shares step 0's top-k rows
+    case = case_registry.spec(request.param, kind="reference")
     return case.config(), case.weights()
 
 
@@ -200,7 +201,8 @@ def test_capture_only_mutants_are_judged_in_both_modes():
         if m.passes_eager is None:  # an eager-path bug: planted on an eager case
             assert not case_registry.spec(m.case, kind="engine").graphs, name
             continue
-        assert case_registry.spec(m.case, kind="engine").graphs and not case_registry.spec(m.passes_eager, kind="engine").graphs, name
+        assert case_registry.spec(m.case, kind="engine").graphs, name
+        assert not case_registry.spec(m.passes_eager, kind="engine").graphs, name
         assert m.expect == "graph replay differs from eager"
     assert any(MUTANTS[n].passes_eager for n in SWEEPABLE)  # the graph case's sweep has a capture-only bug to catch
     assert any(m.at_build for m in MUTANTS.values())

@@ -131,7 +131,7 @@ def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):
 def _fabricated(case_id: str) -> dict:
     """What production's hooks hand the golden: the reference in bf16 numerics, shaped by
     ``as_production_trace`` (q_fp8 e4m3 values, the raw indexer.kw, attn.topk, no scores)."""
-    case = reg.specs(kind="module", without="probe")[case_id]
+    case = reg.spec(case_id, kind="module")
     hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
@@ -159,7 +159,7 @@ def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3s
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     _record("tiny-k3-share", k3share, tmp_path)
     stored, _ = g._decode(goldens.load(g.KIND, "tiny-k3-share", tmp_path)[0])
-    judged = sbs.judge(reg.specs(kind="module", without="probe")["tiny-k3-share"], k3share, {})
+    judged = sbs.judge(reg.spec("tiny-k3-share", kind="module"), k3share, {})
     assert judged.passed, judged.details["table"]
     compared = [r.name for r in judged.comparison.results]
     assert _by_step(stored) == _by_step(compared)

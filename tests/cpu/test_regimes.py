@@ -21,7 +21,7 @@ CLAMP_CASE = "tiny-k2-clamp-headwise"
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    return {cid: regimes.measure(reg.specs(kind="module", without="probe")[cid]) for cid in reg.ids(role="bisect", kind="module")}
+    return {cid: regimes.measure(reg.spec(cid, kind="module")) for cid in reg.ids(role="bisect", kind="module")}
 
 
 def test_default_bisect_cases_cover_every_regime(measured):
@@ -35,9 +35,9 @@ def test_a_case_set_missing_a_regime_fails(measured):
     the same case with the preset's swiglu_limit 10 clamps nothing."""
     without = {cid: v for cid, v in measured.items() if cid != CLAMP_CASE}
     assert {"routed_clamp_frac", "headwise_gate_rows"} <= set(regimes.uncovered(without))
-    bf16_only = {cid: v for cid, v in measured.items() if reg.specs(kind="module", without="probe")[cid].quant == "bf16"}
+    bf16_only = {cid: v for cid, v in measured.items() if reg.spec(cid, kind="module").quant == "bf16"}
     assert regimes.uncovered(bf16_only) == ["weight_ue8m0_rounded_frac"]  # the FP8 case brings it alone
-    loose = dataclasses.replace(reg.specs(kind="module", without="probe")[CLAMP_CASE], id="clamp-at-10",
+    loose = dataclasses.replace(reg.spec(CLAMP_CASE, kind="module"), id="clamp-at-10",
                                 overrides=(("swiglu_limit", 10.0), ("gating_type", "headwise")))
     values = regimes.measure(loose)
     assert values["routed_clamp_frac"] < 0.05
@@ -45,7 +45,7 @@ def test_a_case_set_missing_a_regime_fails(measured):
 
 
 def test_probes_leave_the_reference_bitwise_unchanged():
-    case = reg.specs(kind="module", without="probe")["tiny-k3-share"]
+    case = reg.spec("tiny-k3-share", kind="module")
     hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
@@ -74,7 +74,7 @@ def test_clamp_fraction_is_the_share_of_clamped_elements():
 def test_clamp_off_fails_the_clamp_case_at_mlp_out():
     """A production stand-in without the routed clamp (the reference with swiglu_limit off, bf16
     numerics) fails the side by side of the clamp case, first at mlp.out; with the clamp it passes."""
-    case = reg.specs(kind="module", without="probe")[CLAMP_CASE]
+    case = reg.spec(CLAMP_CASE, kind="module")
     hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from harness import case_registry
 from harness.ci_speed import jit_cache, startup_gc
 from harness.cli import main
 from harness.production import can_run
@@ -284,7 +285,6 @@ def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, mon
 
     from vllm.engine.arg_utils import EngineArgs
 
-    from harness import case_registry
     engine_cases = case_registry.specs(kind="engine")
     from harness.production.engine.session import ENGINE_KV_GIB_ENV, engine_kwargs
 
@@ -310,7 +310,6 @@ def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
     torch/CUDA/vLLM/GPU and the same case definition; anything else runs again."""
     import dataclasses
 
-    from harness import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.ci_speed.warmup import STAMP, cold_steps, fingerprint, read_stamp, write_stamp
 
@@ -337,7 +336,6 @@ def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
     """``--lanes``: the first bf16 case alone, then FP8 checkpoints, the engine, real dims and
     the other bf16 cases (their cold costs in that order) spread over the lanes; every wanted
     step lands in exactly one place."""
-    from harness import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE, plan_lanes
 
@@ -363,7 +361,6 @@ def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     import argparse
 
     from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE, _lane_command, engines_of, plan_lanes
-    from harness import case_registry
     engine_cases = case_registry.specs(kind="engine")
 
     args = argparse.Namespace(engine=None, no_engine=False)
@@ -372,8 +369,8 @@ def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     assert engines[0] == DEFAULT_ENGINE_CASE and set(graphs) <= set(engines) and len(graphs) >= 3
     # every engine case bisect-check runs (with --graphs too): the two-MTP-layer bisect case runs
     # vLLM's multi-module speculator, whose Triton input kernels no one-layer case builds
-    from harness import case_registry as reg
-    assert {*reg.ids(role="bisect", kind="engine"), *reg.ids(role="graph-bisect", kind="engine")} <= set(engines)
+    bisect = {*case_registry.ids(role="bisect", kind="engine"), *case_registry.ids(role="graph-bisect", kind="engine")}
+    assert bisect <= set(engines)
     assert any(engine_cases[e].overrides and dict(engine_cases[e].overrides).get("num_nextn_predict_layers") == 2
                for e in engines)
     # a reload case runs through the engine's reload path (run_case refuses it): never a warmup step
@@ -436,7 +433,6 @@ def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named(failed_lanes_
 
 
 def test_prefetch_is_planned_only_for_the_cases_that_need_it():
-    from harness import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.ci_speed.warmup import PREFETCH, plan_prefetch
 

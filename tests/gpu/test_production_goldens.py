@@ -24,7 +24,7 @@ def test_production_matches_its_golden(case_id, update_goldens, require_goldens)
         if require_goldens:
             pytest.fail(line)
         pytest.skip(line)
-    result = run_case(case_registry.spec(case_id, kind="module", without="probe"))
+    result = run_case(case_registry.spec(case_id, kind="module"))
     checked = goldens.check(PRODUCTION, case_id, result.trace, regen=update_goldens)
     if checked.regenerated:
         pytest.fail(f"production {checked.message}")

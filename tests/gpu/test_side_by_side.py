@@ -41,7 +41,7 @@ def test_production_matches_reference(case_id):
     from harness.production.module.audit import LoadAuditError, unexplained_by_gaps
     from harness.production.module.side_by_side import upstream_gap_of
 
-    case = case_registry.spec(case_id, kind="module", without="probe")
+    case = case_registry.spec(case_id, kind="module")
     try:
         result = run_case(case)
     except LoadAuditError as exc:
@@ -55,7 +55,7 @@ def test_production_matches_reference(case_id):
         return
     _record(result)
     print(format_rows(result))
-    known = case_registry.spec(case_id, kind="module", without="probe").known_audit
+    known = case_registry.spec(case_id, kind="module").known_audit
     unexpected = [p for p in result.details["audit"] if not any(k in p for k in known)]
     assert not unexpected, unexpected
     if case.reload_seed is not None:  # every parameter equals a fresh load of set B; both runs judged
@@ -79,7 +79,7 @@ def test_post_load_audit_names_a_missing_parameter():
     from harness.production.module.audit import LoadAuditError
     from harness.production.module.runner import ProductionSession
 
-    case = case_registry.spec("tiny-k1", kind="module", without="probe")
+    case = case_registry.spec("tiny-k1", kind="module")
     hf = case.hf_config()
     cfg = R.MTPConfig.from_hf_dict(hf)
     ckpt = to_checkpoint(cfg, R.random_weights(cfg, 0))
@@ -111,7 +111,8 @@ def test_reload_leaving_the_sink_stale_is_named():
     reload, naming the sink parameter first."""
     from harness.production.module.reload import run_reload_case
 
-    result = run_reload_case(case_registry.spec("tiny-k2-reload", kind="module", without="probe"), plant_withheld=("learnable_sink_param",))
+    result = run_reload_case(case_registry.spec("tiny-k2-reload", kind="module"),
+                             plant_withheld=("learnable_sink_param",))
     print(result.first_divergent)
     assert not result.passed
     assert result.first_divergent.startswith("reload: ") and "learnable_sink_param" in result.first_divergent

@@ -20,7 +20,7 @@ from harness.production.verdict.judge import judge
 
 @pytest.mark.parametrize("case_id", ["tiny-k3-ragged", "tiny-k3-share", "tiny-k2-nosink"])
 def test_judge_accepts_bf16_reference(case_id):
-    case = case_registry.spec(case_id, kind="module", without="probe")
+    case = case_registry.spec(case_id, kind="module")
     cfg = R.MTPConfig.from_hf_dict(case.hf_config())
     w = R.random_weights(cfg, case.seed)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
@@ -30,7 +30,7 @@ def test_judge_accepts_bf16_reference(case_id):
 
 
 def test_judge_rejects_a_dropped_sink():
-    case = case_registry.spec("tiny-k1", kind="module", without="probe")
+    case = case_registry.spec("tiny-k1", kind="module")
     cfg = R.MTPConfig.from_hf_dict(case.hf_config())
     w = R.random_weights(cfg, case.seed)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)

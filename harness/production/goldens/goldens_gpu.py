@@ -438,7 +438,8 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog="python -m harness.production.goldens_gpu", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=("record", "check", "list"))
-    ap.add_argument("--case", action="append", help=f"case id (default: {', '.join(case_ids(role='golden', kind='module'))})")
+    ap.add_argument("--case", action="append",
+                    help=f"case id (default: {', '.join(case_ids(role='golden', kind='module'))})")
     ap.add_argument("--root", default=str(goldens.ROOT), help="goldens directory (default: the checked-in goldens/)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     args = ap.parse_args(argv)

@@ -6,7 +6,8 @@
 
 ``--fp8`` selects the FP8-checkpoint cases (role "fp8" of ``harness.case_registry``),
 ``--compressed-tensors`` the compressed-tensors ones (role "compressed-tensors"), ``--reload`` the
-weights-updated-in-place ones (role "reload", ``module/reload.py``); tolerances are ``tolerances.tolerances_for(case.quant)``.
+weights-updated-in-place ones (role "reload", ``module/reload.py``); tolerances are
+``tolerances.tolerances_for(case.quant)``.
 A case's ``upstream_gaps`` (a known vLLM gap it exists to show) fails with the gap named first.
 
 The verdict (``harness.production.verdict.judge``) is against the EXACT (float64) reference with

@@ -8,6 +8,6 @@ the FP8 production path the FP8 tolerances come from.
     fp8_emulation.py  the FP8 production numerics on CPU; ``python -m harness.production.verdict.fp8_emulation``
 
 May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``checkpoint``,
-``presets``, ``case_registry``), ``harness.production.case_inputs`` and ``harness.production.can_run`` (where the reference
-replays); never vLLM, never another ``harness.production`` sub-package.
+``presets``, ``case_registry``), ``harness.production.case_inputs`` and ``harness.production.can_run``
+(where the reference replays); never vLLM, never another ``harness.production`` sub-package.
 """
