@@ -11,10 +11,10 @@ import os
 import pytest
 
 import reference as R
-from harness.production.case_inputs import case_inputs
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
 from harness.commands import compare as compare_cli
+from harness.production.case_inputs import case_inputs
 from harness.production.goldens import goldens_gpu
 from harness.production.module import side_by_side as sbs
 from harness.production.verdict.fp8_emulation import as_production_trace

@@ -22,9 +22,9 @@ import torch
 
 import reference as R
 from harness import case_registry as reg
-from harness.production.case_inputs import _case_from_dict, case_inputs
 from harness.compare import compare_traces
 from harness.components import PRODUCTION_COMPONENTS
+from harness.production.case_inputs import _case_from_dict, case_inputs
 from harness.production.module import side_by_side as sbs
 from harness.production.module.checkpoint_cast import cast_for_vllm
 from harness.production.verdict.fp8_emulation import (VARIANTS, as_production_trace, emulate, emulated_production_trace,

@@ -11,9 +11,9 @@ import pytest
 
 import reference as R
 from harness import case_registry as reg
-from harness.production.case_inputs import case_inputs
 from harness import goldens
 from harness.components import PRODUCTION_COMPONENTS
+from harness.production.case_inputs import case_inputs
 from harness.production.goldens import goldens_gpu as g
 from harness.production.module import side_by_side as sbs
 from harness.production.verdict.fp8_emulation import as_production_trace

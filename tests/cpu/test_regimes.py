@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import reference as R
-from harness.production.case_inputs import case_inputs
+from harness import case_registry as reg
 from harness import regimes
+from harness.production.case_inputs import case_inputs
 from harness.production.module import side_by_side as sbs
 from harness.production.verdict.fp8_emulation import as_production_trace
 from reference import probes

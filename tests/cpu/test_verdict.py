@@ -8,7 +8,6 @@ import json
 import pytest
 
 from harness import case_registry as reg
-from harness.production.module import side_by_side as sbs
 from harness.production.verdict.fp8_emulation import emulate
 from harness.verdict import Verdict
 

@@ -36,7 +36,7 @@ import torch
 from harness.atomic import atomic_write_json
 from harness import case_registry
 from harness.case_specs import GpuCase
-from harness.production.case_inputs import CaseInputs, _case_from_dict, build_inputs, case_inputs, reload_set_b
+from harness.production.case_inputs import CaseInputs, _case_from_dict, build_inputs, reload_set_b
 from harness.production.verdict.judge import judge
 from harness.verdict import Verdict
 
