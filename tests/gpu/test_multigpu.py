@@ -33,6 +33,7 @@ def _tp_cases() -> dict:
 
     return {r.id: r.spec for r in case_registry.records(role="tp", max_gpus=TP) if r.gpus in (1, TP)}
 
+
 _OUT = os.environ.get("HYV4_GPU_OUT") or os.environ.get("OUT")
 
 
