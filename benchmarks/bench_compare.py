@@ -40,12 +40,14 @@ def main(argv=None) -> int:
     import torch
 
     import reference as R
-    from harness import trace_compare
-    from harness.production.cases import GPU_CASES, case_inputs
+    from harness import case_registry, trace_compare
+    from harness.production.case_inputs import case_inputs
     from harness.production.judging import trace_judge
+
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.judging.tolerances import tolerances_for
 
-    case = GPU_CASES[args.case]
+    case = gpu_cases[args.case]
     hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)

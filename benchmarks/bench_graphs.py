@@ -32,10 +32,10 @@ apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harn
 def _eager_twin(case_id: str) -> dict:
     """Build + judge the case with ``graphs=False`` in its own process: (build_s, generate_s, passed)."""
     code = ("import dataclasses, json, sys, time\n"
-            "from harness.production.engine.cases import ENGINE_CASES\n"
+            "from harness.case_registry import spec\n"
             "from harness.production.engine.generation_judge import generate_and_judge\n"
             "from harness.production.engine.session import build_session\n"
-            f"case = dataclasses.replace(ENGINE_CASES[{case_id!r}], graphs=False)\n"
+            f"case = dataclasses.replace(spec({case_id!r}, kind='engine'), graphs=False)\n"
             "t = time.perf_counter(); s = build_session(case, log=lambda *a, **k: None); b = time.perf_counter() - t\n"
             "t = time.perf_counter(); r = generate_and_judge(s, log=lambda *a, **k: None); g = time.perf_counter() - t\n"
             "print('RESULT', json.dumps({'build_s': b, 'judge_s': g, 'passed': r['passed'],"
@@ -53,10 +53,11 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    from harness.production.engine.cases import ENGINE_CASES
-    if args.case not in ENGINE_CASES or not ENGINE_CASES[args.case].graphs:
+    from harness import case_registry
+    engine_cases = case_registry.specs(kind="engine")
+    if args.case not in engine_cases or not engine_cases[args.case].graphs:
         print(f"error: --case {args.case}: not a graph-mode engine case "
-              f"({', '.join(c for c, e in ENGINE_CASES.items() if e.graphs)})", file=sys.stderr)
+              f"({', '.join(c for c, e in engine_cases.items() if e.graphs)})", file=sys.stderr)
         return 2
     from harness.production.can_run import cannot_run_engine_reason
     reason = cannot_run_engine_reason()
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     from harness.production.engine.generation_judge import generate_and_judge
     from harness.production.engine.session import build_session
 
-    case = ENGINE_CASES[args.case]
+    case = engine_cases[args.case]
     quiet = lambda *a, **k: None  # noqa: E731
     t = time.perf_counter()
     sess = build_session(case, log=quiet)

@@ -227,7 +227,7 @@ def cmd_main_job(args) -> int:
                         f"side by side needs the production path: {reason}"))
         return EXIT_CANNOT_JUDGE
     print(f"no production path here ({reason}): checking the reference against its goldens")
-    from .golden_check import check_reference_goldens
+    from .goldens.reference import check_reference_goldens
 
     return check_reference_goldens(verbose=True, report=args.report)
 

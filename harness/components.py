@@ -7,7 +7,7 @@ PyTorch's OpInfo). Everything that lists components is derived from ``REGISTRY``
                                                   exactly these)
   DIAGNOSTIC_COMPONENTS                           the engine path's per-call diagnostics
   HOOKS                                           where ``production.module.capture`` reads production
-  tolerance_table(precision)                      ``production.verdict.tolerances``
+  tolerance_table(precision)                      ``production.judging.tolerances``
   HEAD_SHARDED / PARTIAL_SUM                      the TP merge rules (``production.tp``)
   regimes_of / mutants_of                         ``harness.regimes``, ``harness.mutants`` (catalogue)
 
@@ -16,14 +16,25 @@ that computes it (``reference``: the dotted name; ``reference.mtp.forward_step``
 trace under ``name``). ``tests/cpu/test_component_registry.py`` holds every derived list to the
 registry and states the invariants they keep.
 
-This module imports nothing of the project (it is the bottom of ``harness``).
+This module imports nothing of the project but ``harness.record_checks`` (it is the bottom of
+``harness``). The closed sets of the records' fields are ``Literal`` types, checked when a
+record is built: a record outside them fails at import, naming it and what to do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
-from typing import Mapping
+from typing import Literal, Mapping
+
+from harness.record_checks import one_of
+
+HookKind = Literal["out", "in", "topk-buffer", "indexer-topk", "router"]
+HookTransform = Literal["sigmoid", "flatten-heads", None]
+HookOptional = Literal[False, True, "with-parent"]
+CompareAs = Literal["values", "index", "token", "tie-bound"]
+ProductionSource = Literal["hook", "derived", "runner", None]
+TpRule = Literal["replicated", "head-sharded", "partial-sum"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +61,18 @@ class Hook:
     """
 
     module: str
-    kind: str = "out"
+    kind: HookKind = "out"
     arg: int = 0
-    transform: str | None = None
-    optional: bool | str = False
+    transform: HookTransform = None
+    optional: HookOptional = False
     capture: str | None = None
+
+    def __post_init__(self):
+        where = f"hook on {self.module!r}"
+        one_of(where, "kind", self.kind, HookKind, "production.module.capture.attach reads only these; add "
+               "the new kind there first")
+        one_of(where, "transform", self.transform, HookTransform, "add the transform to capture.attach first")
+        one_of(where, "optional", self.optional, HookOptional, "True: the module may be absent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,16 +104,22 @@ class Component:
 
     name: str
     reference: str
-    compare: str = "values"
+    compare: CompareAs = "values"
     reference_trace: bool = True
     hooks: tuple[Hook, ...] = ()
-    production: str | None = "hook"
+    production: ProductionSource = "hook"
     diagnostic: bool = False
-    tp: str = "replicated"
+    tp: TpRule = "replicated"
     tolerance: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
     regimes: tuple[str, ...] = ()
     mutants: tuple[str, ...] = ()
     golden_mutants: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        where = f"component {self.name!r}"
+        one_of(where, "compare", self.compare, CompareAs, "harness.trace_compare judges only these; add the new way there")
+        one_of(where, "production", self.production, ProductionSource, "None: not judged side by side")
+        one_of(where, "tp", self.tp, TpRule, "production.tp.multigpu merges ranks by these rules only")
 
 
 # ---- tolerances: vLLM's production path vs the float64 reference ---------------------------------

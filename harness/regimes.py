@@ -235,7 +235,7 @@ def _partial(cfg, weights, first, steps, kv_cache_dtype: str = "auto"):
 
 def measure(case) -> dict:
     """Regime values of a ``side_by_side.GpuCase`` (CPU, float64 reference)."""
-    from harness.production.cases import case_inputs
+    from harness.production.case_inputs import case_inputs
 
     hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)

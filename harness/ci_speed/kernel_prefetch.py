@@ -5,6 +5,7 @@ them the steps to warm need (``plan_prefetch``).
 
 from __future__ import annotations
 
+from .. import case_registry  # torch-free: the cases' specs
 from ..production.can_run import GPU_DEVICE_GLOB
 
 # Kernels a library builds alone, from its own JIT entry point, sharing no kernel with the
@@ -69,7 +70,5 @@ PREFETCH = {
 
 def plan_prefetch(cases: list[str], engine: bool = False) -> list[str]:
     """The ``PREFETCH`` kernels the steps to warm (module-level ``cases``, an ``engine``) may need."""
-    from ..production.cases import GPU_CASES
-
-    gpu_cases = [GPU_CASES[c] for c in cases]
+    gpu_cases = [case_registry.spec(c, kind="module", without="probe") for c in cases]
     return [name for name, (needed, _) in PREFETCH.items() if needed(gpu_cases, engine)]

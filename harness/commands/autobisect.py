@@ -92,7 +92,7 @@ def _check(args) -> None:
             raise CLIError(f"--release-site {site}: no installed vllm/ package here")
         args.release_site = site
         if args.baseline is not None:
-            from harness.production.goldens import baseline
+            from harness.goldens import baseline
             baseline.read_stamp(args.baseline)
     elif not args.judge.strip():
         raise CLIError("--judge is empty")

@@ -1,5 +1,5 @@
 """``python -m harness bisect-check --record-baseline DIR``: this host's baseline, recorded at the
-known-good vLLM (``harness.production.goldens.baseline`` stores it), so that later commits are
+known-good vLLM (``harness.goldens.baseline`` stores it), so that later commits are
 judged with ``bisect-check --baseline DIR`` where no checked-in golden matches this platform.
 
 Its flags are checked with bisect-check's (``bisect_check.validate_args``); ``harness.cli`` runs
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from harness.atomic import write_errors, write_failure
 from harness.exitcodes import EXIT_OK
-from harness.production.goldens import baseline as golden_baseline
-from harness.production.goldens.platform_key import describe, describe_vllm
+from harness.goldens import baseline as golden_baseline
+from harness.goldens.platform_key import describe, describe_vllm
 
 from .bisect_check import DEFAULT_BISECT_ENGINE_CASES, bisect_side_by_side, side_by_side_ids
 

@@ -24,21 +24,19 @@ import time
 from pathlib import Path
 
 from harness import input_checks as check
-from harness.case_registry import ids as case_ids
+from harness.case_registry import ids as case_ids, specs as case_specs
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, listed, worst
 from harness.process_clock import process_age_s
-from harness.production.cases import BISECT_CASES, GPU_CASES
-from harness.production.engine.cases import ENGINE_CASES
 from harness.production.engine import process as engine_process
 from harness.production.engine.process import EngineRun, ThreadShare
-from harness.production.goldens import baseline
-from harness.production.goldens.platform_key import describe, describe_vllm
+from harness.goldens import baseline
+from harness.goldens.platform_key import describe, describe_vllm
 
 from .compare import run_side_by_side
 
-# The bisect's case lists, views of harness.case_registry. The side-by-side cases (role bisect,
-# kind module: harness.production.cases.BISECT_CASES, also the goldens' set)
-DEFAULT_BISECT_CASES = BISECT_CASES
+# The bisect's case lists, queries of harness.case_registry. The side-by-side cases (role bisect,
+# kind module; also the goldens' set)
+DEFAULT_BISECT_CASES = case_ids(role="bisect", kind="module")
 # vLLM's own speculator (engine.py; role bisect, kind engine): drafts accepted at planned rates,
 # index sharing, and the two-MTP-layer MultiModuleMTPSpeculator
 DEFAULT_BISECT_ENGINE_CASES = case_ids(role="bisect", kind="engine")
@@ -74,10 +72,10 @@ def validate_args(args) -> None:
     report = getattr(args, "report", None)
     if report is not None:
         check.output_file("--report", report)
-    unknown = [c for c in (args.case or []) if c not in GPU_CASES and c not in ENGINE_CASES]
+    known = [*case_specs(kind="module", without="probe"), *case_specs(kind="engine")]
+    unknown = [c for c in (args.case or []) if c not in known]
     if unknown:
-        raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: "
-                       f"{listed([*GPU_CASES, *ENGINE_CASES], 40)}")
+        raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: {listed(known, 40)}")
     plant = getattr(args, "plant", None)
     if plant is not None:
         from harness.mutants import BY_NAME  # imports torch (the catalogue's patches)
@@ -113,7 +111,7 @@ def side_by_side_ids(args) -> list[str]:
     ids = bisect_case_ids(args)
     if getattr(args, "record_baseline", None) and not args.case:  # never judged against a baseline
         ids = [c for c in ids if c not in REFERENCE_ONLY_BISECT_CASES]
-    return [c for c in ids if c not in ENGINE_CASES]
+    return [c for c in ids if c not in case_specs(kind="engine")]
 
 
 def unjudged_verdict(verdict: int, not_judged: list[dict], allow_unjudged: bool) -> int:
@@ -162,13 +160,13 @@ def bisect_side_by_side(ids, plant, golden: tuple[str, object] | None, beside: l
 
 
 def _side_by_side_cases(ids, plant, golden, out: SideBySide, share: ThreadShare) -> None:
-    from harness.production.goldens.goldens_gpu import judge_golden  # these import torch
+    from harness.goldens.production import judge_golden  # these import torch
     from harness.production.module.side_by_side import format_regimes
 
     for cid in ids:
         share.update()
         t0 = time.perf_counter()
-        result, code, line = run_side_by_side(GPU_CASES[cid], plant)
+        result, code, line = run_side_by_side(case_specs(kind="module", without="probe")[cid], plant)
         if result is None:
             out.verdict, out.failed_line = worst([out.verdict, code]), line
             return
@@ -202,7 +200,7 @@ def bisect_engine_ids(args) -> list[str]:
     """The engine cases of a bisect-check (none when it records a baseline)."""
     if getattr(args, "record_baseline", None):
         return []
-    return [c for c in bisect_case_ids(args) if c in ENGINE_CASES]
+    return [c for c in bisect_case_ids(args) if c in case_specs(kind="engine")]
 
 
 def start_early(args) -> list[EngineRun]:
@@ -223,8 +221,8 @@ def bisect_command(args, started: list[EngineRun] | None = None) -> int:
     collected and stopped here either way. (``--record-baseline DIR`` is ``baseline.record_baseline_command``,
     which ``harness.cli`` runs instead.)"""
     t_entry = process_age_s()
-    from harness import goldens  # these import torch: after the arguments and the host were checked
-    from harness.production.goldens import goldens_gpu
+    from harness.goldens import production as production_goldens  # these import torch: after the arguments
+    from harness.goldens import store  # and the host were checked
     from harness.production.module.side_by_side import run_facts
     from harness.regimes import coverage, uncovered
     from harness.report import save_report
@@ -235,12 +233,12 @@ def bisect_command(args, started: list[EngineRun] | None = None) -> int:
     # another platform: before anything runs) or the checked-in goldens
     stamp = None
     if getattr(args, "baseline", None):
-        stamp = baseline.check_platform(args.baseline, goldens_gpu.platform())
+        stamp = baseline.check_platform(args.baseline, production_goldens.platform())
         golden = ("baseline", Path(args.baseline))
         print(f"baseline {args.baseline}: platform {describe(stamp['platform'])}, recorded with "
               f"{describe_vllm(stamp.get('recorded_with'))}")
     else:
-        golden = ("golden", goldens.ROOT)
+        golden = ("golden", store.ROOT)
     # the speculator path: one engine per subprocess, started first (by start_early, before this
     # process's host checks) and running while this process runs the side-by-side cases on the same
     # GPU, collected (and printed) after them (a --plant mutant patches the module-level model only;

@@ -26,8 +26,9 @@ import os
 from harness import input_checks as check
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, CLIError, first_line, load_failure_line
 from harness.presets import check_kernel_constraints, preset
-from harness.production.cases import GPU_CASES, GpuCase, build_inputs
-from harness.production.engine.cases import ENGINE_CASES
+from harness.case_registry import ids as case_ids, specs as case_specs
+from harness.case_specs import GpuCase
+from harness.production.case_inputs import build_inputs
 from harness.production.engine.process import run_engine_cases
 
 
@@ -47,7 +48,7 @@ def _case_for(args):
 
     ckpt = args.ckpt or "preset:tiny"
     given = [flag for flag, v in (("--steps", args.steps), ("--seed", args.seed)) if v is not None]
-    if given and (ckpt in GPU_CASES or ckpt in _engine_cases()):
+    if given and (ckpt in _module_cases() or ckpt in _engine_cases()):
         raise CLIError(f"{' and '.join(given)}: case {ckpt} fixes its own steps and seed; drop "
                        f"{'them' if len(given) > 1 else 'it'}, or give preset:NAME or a checkpoint directory")
     steps = DEFAULT_STEPS if args.steps is None else args.steps
@@ -67,8 +68,8 @@ def _case_for(args):
             case = dataclasses.replace(case, quant=quant_of_config(loaded.hf_config))
         except (OSError, ValueError) as exc:
             raise CLIError(f"{ckpt}/config.json: {exc}") from exc
-    elif ckpt in GPU_CASES:
-        case = GPU_CASES[ckpt]
+    elif ckpt in _module_cases():
+        case = _module_cases()[ckpt]
     elif ckpt in _engine_cases():
         return ckpt  # vLLM's own speculator, engine level (engine.py)
     elif ckpt.startswith("preset:"):
@@ -80,7 +81,7 @@ def _case_for(args):
             raise CLIError(str(exc.args[0])) from exc
     else:
         raise CLIError(f"{ckpt}: compare takes a checkpoint directory, preset:NAME or a case id "
-                       f"({', '.join([*GPU_CASES, *_engine_cases()])})")
+                       f"({', '.join([*_module_cases(), *_engine_cases()])})")
     tp = getattr(args, "tp", 1)
     try:
         cfg = MTPConfig.from_hf_dict(case.hf_config())
@@ -92,8 +93,14 @@ def _case_for(args):
     return case
 
 
+def _module_cases():
+    """The registry's module cases (probes excepted), by id."""
+    return case_specs(kind="module", without="probe")
+
+
 def _engine_cases():
-    return ENGINE_CASES
+    """The registry's engine cases, by id."""
+    return case_specs(kind="engine")
 
 
 def _validated_checkpoint(path: str):
@@ -215,8 +222,8 @@ def compare_command(args) -> int:
         if result is None:
             print(line)
             return code
-    from harness import goldens  # these import torch (a run is done by now)
-    from harness.production.goldens.goldens_gpu import GOLDEN_CASES, judge_golden, not_judged_line
+    from harness.goldens import store  # these import torch (a run is done by now)
+    from harness.goldens.production import judge_golden, not_judged_line
     from harness.production.module.side_by_side import format_rows, run_facts, versions
 
     print(format_rows(result))
@@ -226,9 +233,9 @@ def compare_command(args) -> int:
               f"{'PASS' if vs.passed else 'FAIL'}\n{vs.table()}")
         reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
     golden_code, not_judged = EXIT_OK, []
-    if case.id in GOLDEN_CASES and case == _golden_case(case.id):  # the named case its golden was recorded from
+    if case.id in case_ids(role="golden", kind="module") and case == _golden_case(case.id):  # the named case its golden was recorded from
         if tp == 1:
-            golden, golden_code, not_judged = judge_golden("golden", case.id, result.trace, goldens.ROOT)
+            golden, golden_code, not_judged = judge_golden("golden", case.id, result.trace, store.ROOT)
             if golden is not None:
                 reports[f"golden/{case.id}"] = golden
         else:
@@ -248,4 +255,4 @@ def compare_command(args) -> int:
 
 
 def _golden_case(case_id: str):
-    return GPU_CASES.get(case_id)
+    return _module_cases().get(case_id)

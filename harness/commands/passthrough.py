@@ -27,7 +27,7 @@ def _run_engine(argv: list[str]) -> int:
 
 def _run_goldens(argv: list[str]) -> int:
     apply_jit_cache()  # $HYV4_JIT_CACHE, before torch and vLLM are imported
-    from harness.production.goldens.goldens_gpu import main as goldens_main  # imports torch
+    from harness.goldens.production import main as goldens_main  # imports torch
 
     return goldens_main(argv)
 
@@ -46,13 +46,13 @@ def _run_speculator_mutants(argv: list[str]) -> int:
 
 
 def _run_fp8_emulation(argv: list[str]) -> int:
-    from harness.production.verdict.fp8_emulation import main as fp8_emulation_main  # imports torch
+    from harness.production.judging.fp8_emulation import main as fp8_emulation_main  # imports torch
 
     return fp8_emulation_main(argv)
 
 
 def _run_kv_fp8_emulation(argv: list[str]) -> int:
-    from harness.production.verdict.kv_fp8_emulation import main as kv_fp8_emulation_main
+    from harness.production.judging.kv_fp8_emulation import main as kv_fp8_emulation_main
 
     return kv_fp8_emulation_main(argv)
 

@@ -15,6 +15,6 @@ Layers (``tests/cpu/test_import_graph.py``): the reference side (``store``, ``re
 ``reference`` and the shared plumbing of ``harness`` (``atomic``, ``exitcodes``, ``input_checks``,
 ``trace_compare``, ``verdict``, ``report``, the CPU cases), never ``harness.production`` or vLLM: it
 runs on any machine. The production side (``production``, ``platform_key``, ``baseline``) may also
-import ``harness.production.cases``, ``harness.production.judging``, ``harness.production.can_run``
+import ``harness.production.case_inputs``, ``harness.production.judging``, ``harness.production.can_run``
 and (to run cases) ``harness.production.module``. Nothing here imports the command layer.
 """

@@ -33,9 +33,8 @@ from harness.production.judging.trace_judge import derive_indexer
 from harness.production.judging.tolerances import GPU_VS_REFERENCE
 
 KIND = "production"
-# the production goldens' cases (harness.case_registry: role golden, kind module), the same set as
-# the default bisect's side-by-side cases (role bisect: tests/cpu/test_case_registry.py)
-GOLDEN_CASES = case_ids(role="golden", kind="module")
+# The production goldens' cases are ``case_ids(role="golden", kind="module")`` (the same set as the
+# default bisect's side-by-side cases, role bisect: tests/cpu/test_case_registry.py).
 # Every component the side by side compares (the registry's PRODUCTION_COMPONENTS), so
 # the first divergent component of a golden check names the cause (a k_norm LayerNorm no longer in
 # fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's
@@ -351,19 +350,21 @@ def _recorded_with(entry: dict) -> dict:
 
 
 def _config(case_id: str):
-    """The case's MTPConfig (None for a case id unknown to side_by_side.GPU_CASES)."""
+    """The case's MTPConfig (None for a case id unknown among the registry's single-GPU module cases)."""
     import reference as R
 
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    case = GPU_CASES.get(case_id)
+    case = gpu_cases.get(case_id)
     return None if case is None else R.MTPConfig.from_hf_dict(case.hf_config())
 
 
 def _index_topk(case_id: str) -> int | None:
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    case = GPU_CASES.get(case_id)
+    case = gpu_cases.get(case_id)
     return None if case is None else case.hf_config().get("index_topk")
 
 
@@ -433,7 +434,8 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog="python -m harness goldens", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=("record", "check", "list"))
-    ap.add_argument("--case", action="append", help=f"case id (default: {', '.join(GOLDEN_CASES)})")
+    ap.add_argument("--case", action="append",
+                    help=f"case id (default: {', '.join(case_ids(role='golden', kind='module'))})")
     ap.add_argument("--root", default=str(store.ROOT), help="goldens directory (default: the checked-in goldens/)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     args = ap.parse_args(argv)
@@ -443,15 +445,16 @@ def main(argv=None) -> int:
 def _command(args) -> int:
     from harness.ci_env import ci_is_set
     from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CLIError, first_line, worst
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.can_run import cannot_run_production_reason
 
     root = Path(args.root)
-    ids = args.case or list(GOLDEN_CASES)
-    unknown = [c for c in ids if c not in GPU_CASES]
+    ids = args.case or list(case_ids(role="golden", kind="module"))
+    unknown = [c for c in ids if c not in gpu_cases]
     if unknown:
         from harness.exitcodes import listed
-        raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: {listed(GPU_CASES, 40)}")
+        raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: {listed(gpu_cases, 40)}")
     if args.action == "list":
         for line in list_goldens(root) or [f"no production goldens in {root}"]:
             print(line)
@@ -470,7 +473,7 @@ def _command(args) -> int:
         traces = {}
         for cid in ids:
             try:
-                traces[cid] = run_case(GPU_CASES[cid]).trace
+                traces[cid] = run_case(gpu_cases[cid]).trace
             except Exception as exc:  # noqa: BLE001 - one line, nothing written
                 print(f"cannot judge: production run of {cid} failed, nothing recorded: "
                       f"{exc.__class__.__name__}: {first_line(exc)}")
@@ -483,7 +486,7 @@ def _command(args) -> int:
         return EXIT_OK
     status = EXIT_OK
     for cid in ids:
-        _, code, not_judged = judge_golden("golden", cid, run_case(GPU_CASES[cid]).trace, root, table=True)
+        _, code, not_judged = judge_golden("golden", cid, run_case(gpu_cases[cid]).trace, root, table=True)
         status = worst([status, code, *(EXIT_CANNOT_JUDGE for _ in not_judged)])
     return status
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 from reference import EXACT, draft, flatten
 
+from harness import case_registry
 from harness.goldens import store
-from harness.cases import GOLDEN_CASES, get_case
 from harness.trace_compare import VS_GOLDEN_REFERENCE, Report, compare_traces
 
 KIND = "reference"
 
 
 def reference_trace(case_id: str) -> dict:
-    case = get_case(case_id)
+    case = case_registry.spec(case_id, kind="reference")
     result = draft(case.config(), case.weights(), case.first_step(), case.steps, EXACT)
     return flatten(result)
 
@@ -32,7 +32,7 @@ def _judge(case_id: str, now: dict, stored: dict, entry: dict, root: Path) -> Re
 
 
 def _entry(case_id: str, trace: dict) -> dict:
-    case = get_case(case_id)
+    case = case_registry.spec(case_id, kind="reference")
     return {"case": case_id, "preset": case.preset, "overrides": [list(kv) for kv in case.overrides],
             "seed": case.seed, "requests": case.requests, "tokens": case.tokens, "steps": case.steps,
             "dtype": "float64", "tolerance": {"atol": VS_GOLDEN_REFERENCE.atol, "rtol": VS_GOLDEN_REFERENCE.rtol}}
@@ -57,7 +57,7 @@ def check_reference_goldens(verbose: bool = False, report: str | None = None) ->
 
     status = 0
     reports = {}
-    for cid in GOLDEN_CASES:
+    for cid in case_registry.ids(role="golden", kind="reference"):
         try:
             checked = check_case(cid)
         except store.GoldenError as exc:

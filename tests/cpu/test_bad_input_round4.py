@@ -35,14 +35,14 @@ MARKER = ".hyv4-harness-written.json"
 def cpu_host(monkeypatch):
     """A host without the production path, whatever this one has; the goldens check must not run
     for an explicit target."""
-    from harness import golden_check
+    from harness.goldens import reference as golden_reference
     from harness.production import can_run
 
     def must_not_run(*a, **kw):
         raise AssertionError("the goldens check answered for an explicit target")
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
-    monkeypatch.setattr(golden_check, "check_reference_goldens", must_not_run)
+    monkeypatch.setattr(golden_reference, "check_reference_goldens", must_not_run)
 
 
 # ---- 1: synth --force never removes what the harness did not write --------------------------------

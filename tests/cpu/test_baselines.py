@@ -17,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from harness import cli
+from harness import case_registry, cli
 from harness.goldens import store
 from harness.production import can_run
 from harness.trace_compare import Report
@@ -288,7 +288,7 @@ def test_goldens_gpu_check_is_125_without_a_golden_and_record_refused_under_ci(t
     assert production_goldens.main(["record", "--root", str(tmp_path / "g")]) == 0
     assert production_goldens.main(["check", "--root", str(tmp_path / "g")]) == 0
     assert production_goldens.main(["list", "--root", str(tmp_path / "g")]) == 0
-    listed = _lines(capsys)[-len(production_goldens.GOLDEN_CASES):]
+    listed = _lines(capsys)[-len(case_registry.ids(role="golden", kind="module")):]
     assert listed[0].startswith("production/tiny-k2-clamp-headwise: platform gpu=NVIDIA H100 80GB HBM3, capability=9.0")
     assert listed[0].endswith("recorded with vLLM 0.33.0 (g4ba787ec9)")
     monkeypatch.setenv("CI", "true")

@@ -15,6 +15,7 @@ from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
 from harness.commands import bisect_check
 from harness.goldens import production as production_goldens
+from harness.production.case_inputs import case_inputs
 from harness.production.engine import process as engine_process
 from harness.production.module import side_by_side as sbs
 from harness.production.judging.fp8_emulation import as_production_trace
@@ -22,7 +23,7 @@ from harness.regimes import REGIMES
 
 
 def _stand_in(case, clamp: bool = True) -> dict:
-    hf, _, w = sbs.case_inputs(case)
+    hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     if not clamp:
         cfg = cfg.replace(swiglu_limit=0.0)

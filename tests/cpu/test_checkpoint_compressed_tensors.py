@@ -303,11 +303,12 @@ def test_the_default_bisect_set_holds_a_case_of_each_deployed_configuration():
 
     from harness.commands.bisect_check import (DEFAULT_BISECT_CASES, REFERENCE_ONLY_BISECT_CASES, bisect_case_ids,
                                                side_by_side_ids)
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
     base = bisect_case_ids(argparse.Namespace(case=None))
     assert set(REFERENCE_ONLY_BISECT_CASES) <= set(base) and not set(REFERENCE_ONLY_BISECT_CASES) & set(DEFAULT_BISECT_CASES)
-    kinds = {(GPU_CASES[c].kv_cache_dtype, GPU_CASES[c].quant, GPU_CASES[c].reload_seed is not None)
+    kinds = {(gpu_cases[c].kv_cache_dtype, gpu_cases[c].quant, gpu_cases[c].reload_seed is not None)
              for c in REFERENCE_ONLY_BISECT_CASES}
     assert any(k[0] == "fp8" for k in kinds) and any(k[1].startswith("compressed-tensors") for k in kinds) \
         and any(k[2] for k in kinds), kinds
@@ -340,13 +341,14 @@ def test_vllm_load_weights_takes_the_compressed_tensors_checkpoint(vllm_probe, c
     """HYV4MTP built by vLLM (CPU) from the regex-ignore checkpoints: every FP8 parameter dequantizes
     to the reference's weight exactly (channel: one scale per row), the gate and head are built
     unquantized, the rest with compressed-tensors methods, and the audit finds nothing."""
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
     d = vllm_probe.answer("load", case_id)
     assert d["mismatches"] == [] and d["quant_problems"] == [], (d["mismatches"][:4], d["quant_problems"][:4])
     assert all(n.rsplit(".", 1)[1] in ("k_scale", "v_scale", "q_scale", "prob_scale") for n in d["unloaded"]), d["unloaded"]
     methods = d["quant_methods"]
-    for m in GPU_CASES[case_id].expect_unquantized:
+    for m in gpu_cases[case_id].expect_unquantized:
         assert methods[m].startswith("Unquantized"), (m, methods[m])
     qb = "model.layers.2.mtp_block.self_attn.q_b_proj"
     assert methods[qb] == "CompressedTensorsLinearMethod" and d["dtypes"][qb + ".weight"] == "float8_e4m3fn"
@@ -410,17 +412,19 @@ def test_case_records_round_trip_and_the_gap_is_matched_on_the_first_problem():
     case's saved trace is judged as set B, and ``upstream_gap_of`` reads only the first problem."""
     import dataclasses
 
-    from harness.production.cases import GPU_CASES, _case_from_dict, reload_set_b
+    from harness import case_registry
+    from harness.production.case_inputs import _case_from_dict, reload_set_b
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.module.side_by_side import upstream_gap_of
 
     for cid in ("tiny-k2-ct-fp8-mtp-names", "tiny-k2-fp8-reload"):
-        case = GPU_CASES[cid]
+        case = gpu_cases[cid]
         assert _case_from_dict(json.loads(json.dumps(dataclasses.asdict(case)))) == case
-    b = reload_set_b(GPU_CASES["tiny-k2-fp8-reload"])
+    b = reload_set_b(gpu_cases["tiny-k2-fp8-reload"])
     assert (b.seed, b.reload_seed, b.quant) == (44, None, "fp8")
     with pytest.raises(ValueError, match="not a reload case"):
-        reload_set_b(GPU_CASES["tiny-k1"])
-    gap_case = GPU_CASES["tiny-k2-ct-fp8-mtp-names"]
+        reload_set_b(gpu_cases["tiny-k1"])
+    gap_case = gpu_cases["tiny-k2-ct-fp8-mtp-names"]
     hf, _ = _ct_hf("checkpoint-names")
     from harness.production.module.audit import quant_method_problems
     problems = quant_method_problems(hf, {_DRAFT_GATE: "CompressedTensorsLinearMethod"})

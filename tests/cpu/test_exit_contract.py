@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from harness import case_registry
 from harness.checkpoint.synth import synth_config, write_synthetic
 from harness.cli import main as cli_main
 from reference.config import MTPConfig
@@ -474,9 +475,9 @@ def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     from harness.production import can_run
     from harness.commands.engine import main as engine_main
     from harness.production.engine import generation_judge as engine
-    from harness.production.engine.cases import ENGINE_CASES
+    engine_cases = case_registry.specs(kind="engine")
 
-    case = sorted(ENGINE_CASES)[0]
+    case = sorted(engine_cases)[0]
     _assert_one_line(*_run(capsys, "--case", "no-such-case", main=engine_main), 2, "no-such-case")
     _assert_one_line(*_run(capsys, "--rejudge", tmp_path / "missing", main=engine_main), 2,
                      f"error: --rejudge {tmp_path / 'missing'}: not a directory")
@@ -674,14 +675,14 @@ def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys)
     """``main --report`` where the job falls back to the reference goldens: the judged cases'
     reports in compare's format (``harness report`` reads it), not silently nothing."""
     from harness.production import can_run
-    from harness.goldens.reference import GOLDEN_CASES
     from harness.report import read_report
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
     code, lines, text = _run(capsys, "main", "--report", tmp_path / "r.json")
     assert code == 0, text
     doc = read_report(tmp_path / "r.json")
-    assert sorted(doc["cases"]) == sorted(GOLDEN_CASES) and doc["meta"]["job"].startswith("reference vs goldens")
+    assert sorted(doc["cases"]) == sorted(case_registry.ids(role="golden", kind="reference"))
+    assert doc["meta"]["job"].startswith("reference vs goldens")
     (tmp_path / "a-file").write_text("x")
     code, lines, text = _run(capsys, "main", "--report", tmp_path / "a-file" / "r.json")
     assert code == 2 and "--report" in lines[-1] and "Traceback" not in text, text
@@ -726,10 +727,10 @@ def test_compare_refuses_steps_and_seed_with_a_case_id(capsys, flags):
     line naming them (never silently dropped), on any machine; a preset takes them."""
     from harness.cli import build_parser
     from harness.commands.compare import _case_for, validate_args
-    from harness.production.cases import GPU_CASES
-    from harness.production.engine.cases import ENGINE_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    engine_cases = case_registry.specs(kind="engine")
 
-    for cid in (next(iter(GPU_CASES)), next(iter(ENGINE_CASES))):
+    for cid in (next(iter(gpu_cases)), next(iter(engine_cases))):
         _assert_one_line(*_run(capsys, "compare", cid, *flags), 2, cid, flags[0])
     args = build_parser().parse_args(["compare", "preset:tiny", *flags])
     validate_args(args)

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from harness.goldens import store
-from harness.cases import GOLDEN_CASES
+from harness import case_registry
 from harness.goldens.reference import KIND, REFERENCE, check_case, reference_trace
 
 
-@pytest.mark.parametrize("case_id", GOLDEN_CASES)
+@pytest.mark.parametrize("case_id", case_registry.ids(role="golden", kind="reference"))
 def test_reference_matches_golden(case_id, update_goldens):
     checked = check_case(case_id, regen=update_goldens)
     if checked.regenerated:
@@ -38,12 +38,12 @@ def test_missing_golden_fails_clearly(tmp_path):
 def test_corrupt_golden_is_detected(tmp_path):
     root = tmp_path / "g"
     shutil.copytree(store.ROOT, root)
-    path = root / "reference" / f"{GOLDEN_CASES[0]}.safetensors"
+    path = root / "reference" / f"{case_registry.ids(role='golden', kind='reference')[0]}.safetensors"
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(store.GoldenError, match="corrupt or edited"):
-        store.load("reference", GOLDEN_CASES[0], root=root)
+        store.load("reference", case_registry.ids(role="golden", kind="reference")[0], root=root)
 
 
 def test_write_is_atomic_and_recorded(tmp_path):

@@ -118,20 +118,28 @@ def test_the_cycle_finder_finds_cycles():
 # A prefix allows the module and everything under it.
 ALLOWED = {
     "reference": ("reference",),
-    "harness.components": (),
-    # the case registry: torch-free; the presets and the reference only when a case's inputs are made
-    "harness.case_registry": ("harness.presets", "reference"),
-    "harness.production.cases": ("reference", "harness.case_registry", "harness.checkpoint"),
+    "harness.record_checks": (),  # the records' self-checks: under every registry
+    "harness.components": ("harness.record_checks",),
+    # the case registry and its specs: torch-free; the presets and the reference only when a case's
+    # inputs are made; the closed sets of QUANTS and GRAPH_REGIMES (both torch-free)
+    "harness.case_registry": ("harness.case_specs", "harness.record_checks", "harness.presets", "reference",
+                              "harness.checkpoint.options", "harness.production.engine.graph_regimes"),
+    "harness.case_specs": ("harness.record_checks", "harness.presets", "reference", "harness.checkpoint.options",
+                           "harness.production.engine.graph_regimes"),
+    "harness.production.case_inputs": ("reference", "harness.case_specs", "harness.record_checks", "harness.presets",
+                                       "harness.checkpoint", "harness.production.engine.graph_regimes"),
     "harness.verdict": (),
     "harness.production.judging": ("reference", "harness.components", "harness.trace_compare", "harness.regimes",
                                    "harness.verdict",
                                    "harness.production.can_run", "harness.presets", "harness.checkpoint",
-                                   "harness.production.cases", "harness.production.judging"),
+                                   "harness.production.case_inputs", "harness.case_registry", "harness.case_specs",
+                                   "harness.record_checks",
+                                   "harness.production.engine.graph_regimes", "harness.production.judging"),
     # the goldens' reference side runs on any machine: no harness.production, no vLLM
     "harness.goldens.store": ("harness.atomic", "harness.exitcodes", "harness.input_checks", "harness.trace_compare",
                               "harness.verdict"),
-    "harness.goldens.reference": ("reference", "harness.goldens.store", "harness.cases", "harness.trace_compare",
-                                  "harness.exitcodes", "harness.report"),
+    "harness.goldens.reference": ("reference", "harness.goldens.store", "harness.case_registry", "harness.case_specs",
+                                  "harness.record_checks", "harness.trace_compare", "harness.exitcodes", "harness.report"),
     "harness.production.module.capture": ("harness.components",),
     # harness.input_checks: the bounded reader of a recording (a FIFO or /dev/zero refused, no mmap)
     "harness.production.engine.draft_replay": ("reference", "harness.trace_compare", "harness.components",
@@ -225,11 +233,11 @@ CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks"
 CI_SPEED_MAY_IMPORT = {
     # it runs the production side of every GPU case to compile its kernels, asking first whether
     # production can run here
-    "harness.ci_speed.warmup": ("harness.production.can_run", "harness.production.cases",
-                                "harness.production.engine.cases", "harness.production.engine.generation_judge",
+    "harness.ci_speed.warmup": ("harness.production.can_run", "harness.case_registry",
+                                "harness.production.engine.engine_env", "harness.production.engine.generation_judge",
                                 "harness.production.module.side_by_side"),
     # the kernels warmup prefetches: which the GPU cases need; the device nodes, without torch
-    "harness.ci_speed.kernel_prefetch": ("harness.production.can_run", "harness.production.cases"),
+    "harness.ci_speed.kernel_prefetch": ("harness.production.can_run", "harness.case_registry"),
     # the GPU device nodes (is there a GPU to tune for, one per worker), without importing torch
     "harness.ci_speed.pytest_plugin": ("harness.production.can_run",),
     "harness.ci_speed.model_info_prefetch": ("harness.production.can_run",  # a GPU host only
@@ -269,7 +277,7 @@ def test_the_ci_speed_rule_fails_on_a_violation():
     assert ci_speed_problems({"harness.production.module.runner": {"harness.ci_speed.startup_gc"}})
     assert ci_speed_problems({"harness.cli": {"harness.ci_speed.pytest_plugin"}})
     assert ci_speed_problems({"reference.mtp": {"harness.ci_speed.jit_cache"}})
-    assert ci_speed_problems({"harness.ci_speed.xdist_schedule": {"harness.production.cases"}})
+    assert ci_speed_problems({"harness.ci_speed.xdist_schedule": {"harness.production.case_inputs"}})
     assert not ci_speed_problems({"harness.cli": {"harness.ci_speed.jit_cache", "harness.production.can_run"},
                                   "harness.ci_speed.xdist_schedule": {"harness.atomic", "harness.ci_speed.jit_cache"}})
 

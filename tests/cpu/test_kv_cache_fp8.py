@@ -173,9 +173,10 @@ def test_a_reader_in_another_convention_does_not_recover_tiles_of_different_scal
 def short_fp8kv_case():
     """tiny-k2-long-fp8kv with 2 x 24 tokens (every key selected: top-k 128 > the context): the
     verdict's machinery on an emulated production trace in about a second."""
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    return dataclasses.replace(GPU_CASES["tiny-k2-long-fp8kv"], id="fp8kv-short", tokens=24)
+    return dataclasses.replace(gpu_cases["tiny-k2-long-fp8kv"], id="fp8kv-short", tokens=24)
 
 
 def _verdict(case, trace):

@@ -10,9 +10,11 @@ import torch
 import pytest
 
 import reference as R
-from harness.goldens import store
+from harness import case_registry as reg
 from harness.components import PRODUCTION_COMPONENTS
 from harness.goldens import production as g
+from harness.goldens import store
+from harness.production.case_inputs import case_inputs
 from harness.production.module import side_by_side as sbs
 from harness.production.judging.fp8_emulation import as_production_trace
 
@@ -85,11 +87,9 @@ def test_the_platform_key_leaves_the_vllm_version_out(tmp_path, monkeypatch):
 
 
 def test_the_golden_cases_are_the_default_bisect_set_and_the_checked_in_goldens_fit():
-    from harness.commands import bisect_check
-    from harness.production.cases import BISECT_CASES
-
-    assert g.GOLDEN_CASES == BISECT_CASES and bisect_check.DEFAULT_BISECT_CASES is BISECT_CASES
-    assert "tiny-k2-fp8-ue8m0-fused-scale-long" in g.GOLDEN_CASES
+    golden_ids = reg.ids(role="golden", kind="module")
+    assert golden_ids == reg.ids(role="bisect", kind="module")
+    assert "tiny-k2-fp8-ue8m0-fused-scale-long" in golden_ids
     size = sum(p.stat().st_size for p in store.ROOT.rglob("*") if p.is_file() and not store.is_obtained(p))
     assert size < 5 * 2**20, f"goldens/ holds {size} bytes: re-record the long cases at ROW_CAP {g.ROW_CAP}"
 
@@ -131,8 +131,8 @@ def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):
 def _fabricated(case_id: str) -> dict:
     """What production's hooks hand the golden: the reference in bf16 numerics, shaped by
     ``as_production_trace`` (q_fp8 e4m3 values, the raw indexer.kw, attn.topk, no scores)."""
-    case = sbs.GPU_CASES[case_id]
-    hf, _, w = sbs.case_inputs(case)
+    case = reg.spec(case_id, kind="module")
+    hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     flat = R.flatten(R.draft(cfg, w, first, case.steps, num=R.PRODUCTION))
@@ -159,7 +159,7 @@ def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3s
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     _record("tiny-k3-share", k3share, tmp_path)
     stored, _ = g._decode(store.load(g.KIND, "tiny-k3-share", tmp_path)[0])
-    judged = sbs.judge(sbs.GPU_CASES["tiny-k3-share"], k3share, {})
+    judged = sbs.judge(reg.spec("tiny-k3-share", kind="module"), k3share, {})
     assert judged.passed, judged.details["table"]
     compared = [r.name for r in judged.comparison.results]
     assert _by_step(stored) == _by_step(compared)
@@ -195,7 +195,7 @@ def test_long_steps_keep_capped_rows_and_the_goldens_fit(tmp_path, monkeypatch):
     goldens directory (reference + every production golden, recorded from fabricated traces) stays
     under 5 MB; a one-ulp change in a kept short-context row fails, the same trace passes."""
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
-    traces = {cid: _fabricated(cid) for cid in g.GOLDEN_CASES}
+    traces = {cid: _fabricated(cid) for cid in reg.ids(role="golden", kind="module")}
     for cid, prod in traces.items():
         _record(cid, prod, tmp_path)
     prod_bytes = sum(p.stat().st_size for p in (tmp_path / g.KIND).iterdir())

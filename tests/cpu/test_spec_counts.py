@@ -218,13 +218,14 @@ def test_a_disagreement_is_reported_beside_the_engine_verdict():
 @pytest.mark.parametrize("has_it", [True, False])
 def test_the_per_request_counters_are_asked_for_only_where_the_release_has_them(has_it, monkeypatch, tmp_path):
     from harness.production import vllm_compat
-    from harness.production.engine.cases import ENGINE_CASES
+    from harness import case_registry
+    engine_cases = case_registry.specs(kind="engine")
     from harness.production.engine.session import engine_kwargs
 
     real = vllm_compat.available
     monkeypatch.setattr(vllm_compat, "available",
                         lambda name: has_it if name == "metrics.per_request_spec_decode" else real(name))
-    kw = engine_kwargs(str(tmp_path), ENGINE_CASES["engine-accept-k3-share"])
+    kw = engine_kwargs(str(tmp_path), engine_cases["engine-accept-k3-share"])
     assert kw["disable_log_stats"] is False
     assert kw.get("per_request_spec_decode_metrics") == ("detailed" if has_it else None)
 

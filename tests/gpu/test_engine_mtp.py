@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from harness.production.engine.cases import ENGINE_CASES
+from harness import case_registry
 from harness.production.engine.generation_judge import rejudge, upstream_gap, verdict_problems
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_subprocess]  # the engine checks the host itself
@@ -33,7 +33,7 @@ MIN_COMPARED = 20
 TIMEOUT_S = 900
 
 
-@pytest.mark.parametrize("case_id", list(ENGINE_CASES))
+@pytest.mark.parametrize("case_id", list(case_registry.ids(kind="engine")))
 def test_engine_draft_tokens_match_reference(case_id, tmp_path, production_gate):
     out = os.environ.get("HYV4_REPORT_DIR") or str(tmp_path)
     cmd = [sys.executable, "-m", "harness", "engine", "--case", case_id, "--out", out]

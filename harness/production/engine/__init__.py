@@ -1,7 +1,7 @@
 """The engine path: ``vllm.LLM`` with vLLM's own MTP speculator, every draft
 forward recorded, then replayed by the float64 reference and the speculator's bookkeeping checked.
 
-    cases.py               the engine cases (torch-free: case ids are checked before anything heavy)
+    engine_env.py          an engine subprocess's environment (torch-free; the cases are harness.case_registry's)
     process.py             engine subprocesses (``python -m harness engine``, one per case): start, collect,
                            stop; the CPU threads of the process beside them
     session.py             build the engine, reach the drafter, load and audit its weights
@@ -14,7 +14,7 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
     acceptance.py          the edited dummy target whose drafts get accepted at planned rates
     speculator_mutants.py  planted bugs in vLLM's speculator (``--mutant NAME``)
 
-May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
+May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case_inputs``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
 ``harness.production.judging``; never ``harness.commands`` or ``harness.mutants``. ``draft_replay.py``, ``recording.py`` and
 ``bookkeeping.py`` never import vLLM.

@@ -17,7 +17,7 @@ import traceback
 
 from harness.atomic import atomic_write_json
 from harness.exitcodes import first_line
-from harness.production.engine.cases import EngineCase
+from harness.case_specs import EngineCase
 from harness.production.engine.graph_regimes import measure as measure_graph_regimes
 from harness.production.engine.graph_regimes import MARK as GRAPH_REGIME_MARK
 from harness.production.engine.graph_regimes import problems as graph_regime_problems

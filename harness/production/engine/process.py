@@ -24,7 +24,7 @@ import tempfile
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, worst
 from harness.process_clock import process_age_s
 from harness.production.can_run import THREAD_VARS, cpu_share
-from harness.production.engine.cases import engine_env
+from harness.production.engine.engine_env import engine_env
 
 # One engine process: ``python -m harness engine`` (harness/__main__.py ends it with
 # ``harness.process_exit.exit_now`` once its report is written, skipping the in-process engine's

@@ -62,7 +62,8 @@ import time
 import torch
 
 from harness.exitcodes import first_line
-from harness.production.engine.cases import ENGINE_KV_GIB_ENV, EngineCase
+from harness.production.engine.engine_env import ENGINE_KV_GIB_ENV
+from harness.case_specs import EngineCase
 from harness.production.module import audit, build
 from harness.production.module.checkpoint_cast import cast_for_vllm
 
@@ -279,7 +280,8 @@ def exempt_derived(problems: list[str], derived_ok: set[str]) -> list[str]:
 def engine_inputs(case: EngineCase):
     """(hf config, checkpoint tensors for the draft, reference weights, acceptance plan or None)."""
     import reference as R
-    from harness.production.cases import case_inputs, GpuCase
+    from harness.production.case_inputs import case_inputs
+    from harness.case_specs import GpuCase
 
     from harness.checkpoint.names import to_checkpoint
 

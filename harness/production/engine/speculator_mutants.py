@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+from harness.record_checks import RecordError, one_of
 from harness.undo import UndoStack
 
 
@@ -28,6 +29,23 @@ class SpeculatorMutant:
     # patches graph capture, which runs while the engine is built: planted before the build only
     # (bisect-check / --mutant), never in a --sweep of a live engine
     at_build: bool = False
+
+    def __post_init__(self):
+        """The engine cases it names are the registry's; a capture-only bug is judged on a CUDA-graph
+        case and passes on that case's eager twin."""
+        from harness.case_registry import specs
+
+        where, engines = f"speculator mutant {self.name!r}", specs(kind="engine")
+        fix = "declare the case in harness/case_registry.py (the one list of cases) or pick one there"
+        one_of(where, "case", self.case, engines, fix)
+        if self.passes_eager is not None:
+            one_of(where, "passes_eager", self.passes_eager, engines, fix)
+            if not engines[self.case].graphs or engines[self.passes_eager].graphs:
+                raise RecordError(f"{where}: a capture-only bug (passes_eager) runs on a CUDA-graph case and passes "
+                                  "on an eager one; pick case=graphs, passes_eager=eager")
+        if self.at_build and self.passes_eager is None:
+            raise RecordError(f"{where}: at_build is for capture-only bugs (graph capture runs at build); "
+                              "give passes_eager too")
 
 
 MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (

@@ -9,6 +9,6 @@ the FP8 production path the FP8 tolerances come from.
     fp8_emulation.py  the FP8 production numerics on CPU; ``python -m harness fp8-emulation``
 
 May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``checkpoint``,
-``presets``), ``harness.production.cases`` and ``harness.production.can_run`` (where the reference
-replays); never vLLM, never another ``harness.production`` sub-package.
+``presets``, ``case_registry``), ``harness.production.case_inputs`` and ``harness.production.can_run``
+(where the reference replays); never vLLM, never another ``harness.production`` sub-package.
 """

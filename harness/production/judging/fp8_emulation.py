@@ -136,10 +136,11 @@ def _tie_margin(result, key: str) -> float:
 def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
     """Per quant and component, the max over cases, extra seeds and variants of
     (max |d|, atol needed at the table's rtol, top-k tie margin)."""
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     agg: dict = {}
     for cid in case_ids:
-        base = GPU_CASES[cid]
+        base = gpu_cases[cid]
         cases = [base] + [dataclasses.replace(base, id=f"{cid}-seed{s}", seed=s)
                           for s in range(30, 30 + extra_seeds)]
         for case in cases:
@@ -157,7 +158,8 @@ def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     ap = argparse.ArgumentParser(prog="python -m harness fp8-emulation", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8 case)")
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the per-quant, per-component numbers here")
     args = ap.parse_args(argv)
     # the block-FP8 cases this emulation models (not compressed-tensors channel scales, not reloads)
-    ids = args.case or [c.id for c in GPU_CASES.values() if c.quant != "bf16" and c.reload_seed is None
+    ids = args.case or [c.id for c in gpu_cases.values() if c.quant != "bf16" and c.reload_seed is None
                         and not c.quant.startswith("compressed-tensors")]
     agg = sweep(ids, args.variant or list(VARIANTS), args.extra_seeds)
     for quant, comps in agg.items():

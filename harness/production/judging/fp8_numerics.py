@@ -96,7 +96,7 @@ def production_weights(case, weights: dict, variant: str) -> tuple[dict, frozens
 
 
 def case_inputs_cached(case):
-    from harness.production.cases import case_inputs
+    from harness.production.case_inputs import case_inputs
     return case_inputs(case)
 
 

@@ -24,7 +24,7 @@ import reference as R
 
 def emulated_trace(case) -> dict:
     """The reference with PRODUCTION numerics and ``case.kv_cache_dtype``, shaped as a production trace."""
-    from harness.production.cases import case_inputs
+    from harness.production.case_inputs import case_inputs
     from harness.production.judging.fp8_emulation import as_production_trace
     from reference import kv_cache
 
@@ -51,17 +51,18 @@ def measure(case) -> dict:
 
 
 def main(argv=None) -> int:
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
     ap = argparse.ArgumentParser(prog="python -m harness kv-fp8-emulation", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8-KV module case)")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 40, 41, ...")
     args = ap.parse_args(argv)
-    ids = args.case or [c.id for c in GPU_CASES.values() if c.kv_cache_dtype != "auto"]
+    ids = args.case or [c.id for c in gpu_cases.values() if c.kv_cache_dtype != "auto"]
     agg: dict = {}
     for cid in ids:
-        base = GPU_CASES[cid]
+        base = gpu_cases[cid]
         for case in [base] + [dataclasses.replace(base, id=f"{cid}-seed{s}", seed=s)
                               for s in range(40, 40 + args.extra_seeds)]:
             for kv in (case.kv_cache_dtype, "auto"):

@@ -2,7 +2,7 @@
 inputs, in named steps (``judge``). CPU, no vLLM.
 
 May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``verdict``),
-``harness.production.cases``, ``harness.production.can_run`` and the rest of ``harness.production.judging``.
+``harness.production.case_inputs``, ``harness.production.can_run`` and the rest of ``harness.production.judging``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 import reference as R
 from harness.trace_compare import finite_everywhere
 from harness.components import PRODUCTION_COMPONENTS
-from harness.production.cases import CaseInputs, GpuCase, case_inputs
+from harness.production.case_inputs import case_inputs, CaseInputs
+from harness.case_specs import GpuCase
 from harness.verdict import Verdict
 
 

@@ -11,7 +11,7 @@
 The verdict passes when all three hold; its first divergent names the first that does not
 ("run 1 (set A): <component>", "reload: <parameter> ...", "run 2 (set B): <component>").
 
-May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
+May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case_inputs``,
 ``harness.production.judging`` and the rest of ``harness.production.module``.
 """
 
@@ -121,7 +121,7 @@ def run_reload_case(case, *, session_kw: dict | None = None, plant_withheld: tup
     """A reload case side by side (module doc): the combined verdict. ``plant_withheld``: a planted
     reload bug, the set B tensors whose names contain one of these substrings are left out of the
     reload (their parameters keep set A's values): the verdict must name them."""
-    from harness.production.cases import build_inputs, reload_set_b
+    from harness.production.case_inputs import build_inputs, reload_set_b
     from harness.production.module import audit
     from harness.production.module.runner import ProductionSession
     from harness.production.judging.trace_judge import judge

@@ -54,7 +54,7 @@ def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
 
     import reference as R
     from harness.production.module.runner import ProductionSession
-    from harness.production.cases import _case_from_dict, case_inputs
+    from harness.production.case_inputs import _case_from_dict, case_inputs
 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
@@ -140,7 +140,7 @@ class TPWorkers:
 
         import reference as R
         from harness.presets import check_kernel_constraints
-        from harness.production.cases import case_inputs
+        from harness.production.case_inputs import case_inputs
 
         hf = hf_config if hf_config is not None else case_inputs(case)[0]
         check_kernel_constraints(R.MTPConfig.from_hf_dict(hf), quantized=case.quant != "bf16", tp=self.tp)
@@ -248,7 +248,7 @@ def run_case_tp(workers: TPWorkers, case, inputs=None) -> Verdict:
     from harness.production.module.side_by_side import run_case
     from harness.production.judging.trace_judge import judge
     from harness.production.judging.tolerances import tolerances_for
-    from harness.production.cases import build_inputs
+    from harness.production.case_inputs import build_inputs
 
     inputs = inputs if inputs is not None else build_inputs(case)  # this process's TP = 1 run and both judges
     tp1 = run_case(case, inputs=inputs)
