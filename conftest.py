@@ -22,7 +22,7 @@ pytest_plugins = ["harness.ci_speed.pytest_plugin"]
 # decides how many examples every property test runs.
 #   ci       Hypothesis's own `ci` profile (derandomized, no database, no deadline, too_slow
 #            allowed, blobs printed) with 20 examples: the CPU tier, seeded and repeatable.
-#   nightly  2000 examples, randomized, the example database kept: a nightly CPU job.
+#   nightly  2000 examples, randomized, the example database kept: a deep run (no CI job selects it yet).
 #   dev      50 examples: a quick local run.
 #   gpu      `ci` with 3 examples: one example of a GPU property test is a vLLM run (TP=2).
 settings.register_profile("ci", settings.get_profile("ci"), max_examples=20)
