@@ -50,10 +50,6 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "python -m harness",
         "`0`: do not start vLLM's model-class inspection in the background (main, compare, bisect-check, "
         "warmup)"),
-    "HYV4_HYPOTHESIS_PROFILE": (
-        "pytest",
-        "hypothesis profile: `ci` (default: derandomized, 20 examples), `nightly` (2000) or `dev`; same as "
-        "`--hypothesis-profile-name`"),
     "HYV4_PYTEST_WORKERS": (
         "pytest",
         "xdist workers for the CPU tier: a number, `auto`, or `0` for serial (`-n N` / `-p no:xdist` win)"),

@@ -37,7 +37,7 @@ def _is_yarn(case) -> bool:
 
 
 PREFETCH = {
-    # fp8_blockscale_gemm_90: 146-184 s of nvcc; vLLM picks it for 128x128-block FP8 linears on SM90.
+    # fp8_blockscale_gemm_90: minutes of nvcc (benchmarks/NOTES.md); vLLM picks it for 128x128-block FP8 linears on SM90.
     "flashinfer-fp8-blockscale-gemm-sm90": (
         lambda cases, engine: any(c.quant != "bf16" for c in cases),
         _prefetch_code(
@@ -46,7 +46,7 @@ PREFETCH = {
             "vLLM would not pick this kernel here",
             "from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90\n"
             "get_fp8_blockscale_gemm_runner_sm90()")),
-    # sampling: ~117 s of the engine's first start (22:18:28 -> 22:20:25 in that log); vLLM's
+    # sampling: most of the engine's first start (benchmarks/NOTES.md); vLLM's
     # sampler uses it for top-p / top-k when flashinfer_sampler_supported().
     "flashinfer-sampling": (
         lambda cases, engine: engine,
@@ -55,7 +55,7 @@ PREFETCH = {
             "if not flashinfer_sampler_supported():",
             "vLLM would not use FlashInfer's sampler here",
             "from flashinfer.sampling import get_sampling_module\nget_sampling_module()")),
-    # rope: most of the yarn case's 48-64 s; vLLM's DeepSeek yarn rotary embedding applies it
+    # rope: most of the yarn case's first run; vLLM's DeepSeek yarn rotary embedding applies it
     # through FlashInfer (its own per-layer condition needs a model config: checked here is
     # only that vLLM sees FlashInfer).
     "flashinfer-rope": (

@@ -68,20 +68,18 @@ TIGHT = {
 # 16 of the operand's 24 bits, an error up to 2^-16 of sum |w x| per logit. A golden of one
 # platform must accept either (which one runs depends on the batch and the release, not on a
 # bug), so router logits, and the top-k weights derived from them, are judged at 2^-16 of the
-# step's largest |value|: ~50x the bf16x3 change measured between two vLLM releases on one GPU,
-# and 2^-7 below a bf16 rounding of the logits or of the router weights, which still fail.
+# step's largest |value|: well above the bf16x3 change between two vLLM releases on one GPU
+# (benchmarks/NOTES.md), and 2^-7 below a bf16 rounding of the logits or of the router weights, which still fail.
 ROUTER_GEMM = ("moe.router_logits", "moe.topk_weights")
 ROUTER_GEMM_RTOL = 2.0**-16
 ROUTER_GEMM_WHY = ("fp32 router GEMM as vLLM's SM90 path runs it: F.linear or bf16x3 (16 operand bits per "
                    "product): 2^-16 of the step's largest |value|")
 
 
-# Measured (vLLM 0.33.0, torch 2.11+cu130): two runs of tiny-k2-long on one GPU
-# differ in a few of 317 step-0 rows (1 to 4 rows), all queries with a context
-# longer than index_topk:
-# attn.core by one bf16 ulp, propagated through that row's o_proj, router
-# logits and MLP, with equal top-k sets. The likely cause is the order in which
-# FlashMLA sparse sums the selected keys (the top-k kernel's output order is not
+# Two runs of one case on one GPU differ in a few rows, all queries with a context longer than
+# index_topk: attn.core by one bf16 ulp, propagated through that row's o_proj, router logits and
+# MLP, with equal top-k sets (the figures: benchmarks/NOTES.md). The likely cause is the order in
+# which FlashMLA sparse sums the selected keys (the top-k kernel's output order is not
 # run-to-run stable). Such "order-variant" rows (position + 1 > index_topk) are
 # therefore judged at the reference tolerance (GPU_VS_REFERENCE), and a routing
 # or token flip there is reported, not failed; every other row keeps the tight

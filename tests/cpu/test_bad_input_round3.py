@@ -640,7 +640,6 @@ def test_a_folder_whose_owner_holds_its_lock_is_kept_whatever_its_pid(tmp_path, 
 # ---- 10: the documented environment variables ---------------------------------------------------
 
 @pytest.mark.parametrize("name, value, culprit", [
-    ("HYV4_HYPOTHESIS_PROFILE", "bogus", "bogus"),
     ("HYV4_TIMELINE", "{file}", "not a directory"),
     ("HYV4_REFERENCE_DEVICE", "tpu", "tpu"),
     ("HYV4_GOLDENS_ROOT", "{tmp}/goldnes", "no such directory"),
@@ -667,10 +666,10 @@ def test_pytest_and_with_env_refuse_bad_variables_in_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "--co", "tests/cpu/test_schedule.py"],
-                       cwd=ROOT, env={**env, "HYV4_HYPOTHESIS_PROFILE": "bogus"}, capture_output=True, text=True,
+                       cwd=ROOT, env={**env, "HYPOTHESIS_PROFILE": "bogus"}, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 4 and "INTERNALERROR" not in r.stdout + r.stderr, r.stdout + r.stderr
-    assert "HYV4_HYPOTHESIS_PROFILE" in r.stdout + r.stderr
+    assert "HYPOTHESIS_PROFILE" in r.stdout + r.stderr
     r = subprocess.run([str(ROOT / "with-env"), "true"], env={**env, "HYV4_ENV_CACHE": str(tmp_path / "f")},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "HYV4_ENV_CACHE" in r.stderr, r.stderr

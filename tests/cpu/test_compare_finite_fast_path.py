@@ -57,7 +57,7 @@ def _fields(res) -> dict:
     return {k: _bits(v) for k, v in dataclasses.asdict(res).items()}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(pairs())
 def test_compare_values_fast_path_equals_the_masked_path(pair):
     a, e = pair
@@ -68,7 +68,7 @@ def test_compare_values_fast_path_equals_the_masked_path(pair):
     assert _fields(fast) == _fields(masked)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(pairs())
 def test_max_abs_fast_path_equals_the_masked_path(pair):
     a, b = pair
