@@ -32,7 +32,7 @@ from harness.production.engine.process import EngineRun, ThreadShare
 from harness.goldens import baseline
 from harness.goldens.platform_key import describe, describe_vllm
 
-from .compare import run_side_by_side
+from .compare import PLANT_NOT_APPLIED, run_side_by_side
 
 # The bisect's case lists, queries of harness.case_registry. The side-by-side cases (role bisect,
 # kind module; also the goldens' set)
@@ -142,6 +142,8 @@ class SideBySide:
     threads: dict = dataclasses.field(default_factory=dict)  # this process's torch threads: own, while engines ran
     verdict: int = EXIT_OK
     failed_line: str | None = None  # the one line of a case that did not run
+    planted: list = dataclasses.field(default_factory=list)  # the cases a --plant mutant was applied to
+    plant_notes: list = dataclasses.field(default_factory=list)  # why it was not, per case
 
 
 def bisect_side_by_side(ids, plant, golden: tuple[str, object] | None, beside: list | None = None) -> SideBySide:
@@ -170,6 +172,12 @@ def _side_by_side_cases(ids, plant, golden, out: SideBySide, share: ThreadShare)
         if result is None:
             out.verdict, out.failed_line = worst([out.verdict, code]), line
             return
+        if plant is not None:
+            if line.startswith(PLANT_NOT_APPLIED):
+                print(line)
+                out.plant_notes.append(line)
+            else:
+                out.planted.append(cid)
         out.reports[f"side-by-side/{cid}"] = result.comparison
         # seconds: this case in this process, all of it; timing_s: its production build / load / run and
         # the reference (replays and the free-running draft the regimes come from); the rest of seconds
@@ -266,8 +274,22 @@ def bisect_command(args, started: list[EngineRun] | None = None) -> int:
             **run_facts(), "engine": engine, "regimes": sbs.regimes, "torch_threads": sbs.threads,
             "timeline_s": timeline,
             "regime_coverage": coverage(sbs.regimes), "not_judged": sbs.not_judged,
-            "golden_root": str(golden[1]), "baseline": stamp})
-    return unjudged_verdict(verdict, sbs.not_judged, getattr(args, "allow_unjudged", False))
+            "golden_root": str(golden[1]), "baseline": stamp,
+            **({"plant": {"name": args.plant, "applied_to": sbs.planted, "not_applied": sbs.plant_notes}}
+               if getattr(args, "plant", None) else {})})
+    verdict = unjudged_verdict(verdict, sbs.not_judged, getattr(args, "allow_unjudged", False))
+    return plant_verdict(getattr(args, "plant", None), ids, sbs, verdict)
+
+
+def plant_verdict(plant: str | None, ids: list[str], sbs: SideBySide, verdict: int) -> int:
+    """A --plant self-test that planted nothing judged vLLM as it is: it cannot say whether the bug
+    would be caught (125, whatever --allow-unjudged says), unless vLLM failed anyway (that stands)."""
+    if plant is None or not ids or sbs.planted:
+        return verdict
+    print(f"NOT JUDGED: --plant {plant} applies to none of this run's side-by-side cases "
+          f"({len(sbs.plant_notes)} listed above): vLLM was judged as it is"
+          + ("" if verdict != EXIT_OK else "; exit 125, cannot judge the plant"))
+    return EXIT_CANNOT_JUDGE if verdict == EXIT_OK else verdict
 
 
 def _timeline(runs: list[EngineRun], engine: dict, **marks: float | None) -> dict:

@@ -32,6 +32,7 @@ from harness.production.case_inputs import build_inputs
 from harness.production.engine.process import run_engine_cases
 
 
+PLANT_NOT_APPLIED = "plant not applicable:"  # run_side_by_side's note: the case ran as vLLM is
 MAX_TP = 8      # GPUs of one host
 MAX_STEPS = 32  # draft steps K
 # --steps / --seed when neither is given: they shape a checkpoint directory's or a preset's case;
@@ -163,10 +164,10 @@ def _inputs(case):
 
 
 def run_side_by_side(case, plant: str | None = None):
-    """(result, EXIT_OK, ""), or (None, code, one line) when production failed on the case (``_failure``).
+    """(result, EXIT_OK, note), or (None, code, one line) when production failed on the case (``_failure``).
 
-    ``plant``: a mutant of harness.mutants applied after loading (a case it
-    does not apply to runs pristine)."""
+    ``plant``: a mutant of harness.mutants applied after loading; a case it does not apply to runs
+    as vLLM is, and ``note`` says so (``PLANT_NOT_APPLIED`` starts it; else it is empty)."""
     from harness.production.module.side_by_side import run_case  # imports torch and, running, vLLM
 
     try:
@@ -174,8 +175,9 @@ def run_side_by_side(case, plant: str | None = None):
             from harness.mutants import MutantNotApplicable, run_planted  # imports torch
             try:
                 return run_planted(case, plant), EXIT_OK, ""
-            except MutantNotApplicable:
-                pass
+            except MutantNotApplicable as exc:
+                note = f"{PLANT_NOT_APPLIED} {plant} to {case.id} ({first_line(str(exc))[:160]}): judged as vLLM is"
+                return run_case(case, inputs=_inputs(case)), EXIT_OK, note
         return run_case(case, inputs=_inputs(case)), EXIT_OK, ""
     except Exception as exc:  # noqa: BLE001 - any production failure is reported, one line
         return _failure(f"production run of {case.id}", exc)

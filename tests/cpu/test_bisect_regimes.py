@@ -13,6 +13,7 @@ import pytest
 import reference as R
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
+from harness.exitcodes import EXIT_CANNOT_JUDGE
 from harness.commands import bisect_check
 from harness.goldens import production as production_goldens
 from harness.production.case_inputs import case_inputs
@@ -311,3 +312,16 @@ def test_a_lone_engine_started_early_gets_a_fixed_kv_size_but_the_cores_to_itsel
     engine_process.stop_engine_cases(runs)
     [(cmd, env)] = started
     assert env.get(ENGINE_KV_GIB_ENV) == "4" and not any(env.get(v) for v in THREAD_VARS)
+
+
+def test_a_plant_that_applies_to_no_case_cannot_judge_whatever_allow_unjudged_says(capsys):
+    """bisect-check --plant judged vLLM as it is when the mutant applied to none of its cases (a
+    release where the bug's precondition does not hold): that run says nothing about the plant."""
+    sbs = bisect_check.SideBySide(plant_notes=["plant not applicable: p to tiny-k1 (weight is bf16): judged as vLLM is"])
+    assert bisect_check.plant_verdict("p", ["tiny-k1"], sbs, EXIT_OK) == EXIT_CANNOT_JUDGE
+    assert "NOT JUDGED: --plant p applies to none of this run's side-by-side cases" in capsys.readouterr().out
+    assert bisect_check.plant_verdict("p", ["tiny-k1"], sbs, EXIT_MISMATCH) == EXIT_MISMATCH  # vLLM failed anyway
+    applied = bisect_check.SideBySide(planted=["tiny-k1"])
+    assert bisect_check.plant_verdict("p", ["tiny-k1", "tiny-k2"], applied, EXIT_OK) == EXIT_OK
+    assert bisect_check.plant_verdict(None, ["tiny-k1"], bisect_check.SideBySide(), EXIT_OK) == EXIT_OK
+    assert bisect_check.plant_verdict("p", [], bisect_check.SideBySide(), EXIT_OK) == EXIT_OK  # engine cases only

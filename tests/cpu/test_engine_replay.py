@@ -287,7 +287,7 @@ def test_recording_round_trip_and_rejudge(tmp_path):
     from harness.case_specs import EngineCase
     from harness.commands.engine import main
     from harness.production.engine.generation_judge import judge_run, rejudge
-    from harness.production.engine.draft_replay import load_recording, save_recording
+    from harness.production.engine.recording import load_recording, save_recording
     from harness.production.case_inputs import case_inputs
     from harness.case_specs import GpuCase
 
