@@ -298,18 +298,12 @@ def test_every_module_imports_in_a_fresh_interpreter():
 # No source file under harness/ or reference/ longer than this: a longer one holds more than one
 # job (split it into steps or modules, each with its own name).
 MAX_LINES = 600
-# Named, temporary exceptions: each is being split by another part of the same change.
-OVER_MAX_LINES_FOR_NOW = {
-    "harness/commands/compare.py": "issue 44: split into compare.py, bisect_check.py, baseline.py by the CLI part",
-}
 
 
 def test_no_source_file_is_longer_than_max_lines():
     too_long = {}
     for path in MODULES.values():
-        rel = path.relative_to(ROOT).as_posix()
         n = len(path.read_text().splitlines())
-        if n > MAX_LINES and rel not in OVER_MAX_LINES_FOR_NOW:
-            too_long[rel] = n
+        if n > MAX_LINES:
+            too_long[path.relative_to(ROOT).as_posix()] = n
     assert not too_long, f"longer than {MAX_LINES} lines: {too_long}"
-    assert all((ROOT / p).is_file() for p in OVER_MAX_LINES_FOR_NOW), "an exception names a file that is gone"
