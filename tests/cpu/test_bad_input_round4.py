@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from test_bad_input_round3 import _good_report, _one_line, _special, _tree, gpu_host, tiny_ckpt  # noqa: F401 - fixtures
+from test_bad_input_round3 import _good_report, _one_line, _special, _tree  # gpu_host, tiny_ckpt: conftest.py
 from test_exit_contract import _run
 
 ROOT = Path(__file__).resolve().parents[2]
