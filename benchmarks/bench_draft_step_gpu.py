@@ -26,11 +26,11 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-import reference as R  # noqa: E402
-from harness.checkpoint.names import to_checkpoint  # noqa: E402
-from harness.presets import preset  # noqa: E402
+import reference as R
+from harness.checkpoint.names import to_checkpoint
+from harness.presets import preset
 
 
 def _production(a, hf, cfg, first, weights) -> dict:

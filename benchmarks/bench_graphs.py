@@ -24,7 +24,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.ci_speed.jit_cache import apply_jit_cache  # noqa: E402
+from harness.ci_speed.jit_cache import apply_jit_cache  # noqa: E402 - importable once ROOT is on sys.path
 
 apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harness` does (the eager twin inherits it)
 

@@ -79,6 +79,7 @@ compressed-tensors (``quantization_config.quant_method: compressed-tensors``, vL
 from __future__ import annotations
 
 import dataclasses
+import re
 from fnmatch import fnmatch
 
 import torch
@@ -87,10 +88,7 @@ from reference.config import MTPConfig
 from reference.fp8 import UE8M0_MAX_BYTE, quantize_block, to_e4m3, ue8m0_decode, ue8m0_encode
 from reference.weights import layer_shapes
 
-import re
-
 DEFAULT_BLOCK = (128, 128)
-from .options import QUANTS
 
 CT_METHOD = "compressed-tensors"
 CT_FORMAT = "float-quantized"

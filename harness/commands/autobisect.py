@@ -212,7 +212,7 @@ def _conclude(args, res, steps: list[dict], session: str) -> int:
                     "the bisect stopped")
             code = EXIT_USAGE if s.get("exit") == EXIT_USAGE else EXIT_CANNOT_JUDGE
         elif res.candidates:
-            line = (f"cannot judge: only skipped commits left; the culprit is one of: "
+            line = ("cannot judge: only skipped commits left; the culprit is one of: "
                     + ", ".join(c[:12] for c in res.candidates))
             code = EXIT_CANNOT_JUDGE
         else:

@@ -374,7 +374,7 @@ def record_tier(history: str, directories, exit_status: int, *, started_at: str 
     if not any(isinstance(e.get("versions"), dict) for e in engines):
         try:
             from harness.goldens.platform_key import platform
-            import vllm  # noqa: F401 - the version the tier judged
+            import vllm  # the version the tier judged
             versions = {**platform(), "vllm": vllm.__version__}
         except Exception:  # noqa: BLE001 - metadata: a run without it is still recorded
             versions = None

@@ -414,7 +414,7 @@ def _read_recording(stem: str):
         return calls, proposals, doc, meta, case_from_dict(meta["case"])
     except CLIError:
         raise
-    except Exception as exc:  # noqa: BLE001 - json, safetensors (SafetensorError is no OSError), keys
+    except Exception as exc:  # json, safetensors (SafetensorError is no OSError), keys
         raise CLIError(f"{stem}.json / .safetensors: not a readable engine recording: "
                        f"{exc.__class__.__name__}: {first_line(exc)}") from exc
 

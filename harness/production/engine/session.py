@@ -122,7 +122,7 @@ def build_llm(hf_config: dict, case: EngineCase, *, log=print):
     try:
         llm = LLM(**kw)
         fallback = None
-    except Exception as exc:  # noqa: BLE001 - only a compile failure is retried
+    except Exception as exc:  # only a compile failure is retried
         text = f"{exc.__class__.__name__}: {exc}"
         if not case.graphs or not any(k in text for k in _COMPILE_ERRORS):
             raise
