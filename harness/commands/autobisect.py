@@ -203,7 +203,8 @@ def _conclude(args, res, steps: list[dict], session: str) -> int:
         first = first_divergent(doc)
         out["first_divergent"] = first
         print(f"culprit: {res.culprit} {res.subject}")
-        print(f"first divergent: {first or 'not named (the step wrote no report naming one; exit ' + str(step.get('exit')) + ')'}")
+        unnamed = f"not named (the step wrote no report naming one; exit {step.get('exit')})"
+        print(f"first divergent: {first or unnamed}")
     else:
         aborted = [s for s in steps if s.get("exit") not in (0, 1, 125)]
         if aborted:

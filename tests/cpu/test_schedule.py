@@ -1,4 +1,5 @@
-"""harness.ci_speed.xdist_schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real scheduler)."""
+"""harness.ci_speed.xdist_schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real
+scheduler)."""
 
 from __future__ import annotations
 
