@@ -37,7 +37,8 @@ HYPOTHESIS_PROFILES = ("ci", "nightly", "dev", "gpu")
 def pytest_addoption(parser):
     group = parser.getgroup("hyv4")
     group.addoption("--update-goldens", action="store_true",
-                    help="rewrite goldens/ from this run (fails the run so the diff is reviewed; refused when CI is set: true, 1, yes, ...)")
+                    help="rewrite goldens/ from this run (fails the run so the diff is reviewed; "
+                         "refused when CI is set: true, 1, yes, ...)")
     group.addoption("--require-goldens", action="store_true",
                     help="a production golden missing for this platform fails its test (NOT JUDGED) instead of "
                          "skipping it; .ci/gpu-nightly sets it (env HYV4_REQUIRE_GOLDENS=1 works too)")
@@ -56,7 +57,8 @@ def _check_environment(config) -> None:
     from harness.input_checks import environment
 
     try:
-        environment()  # every one harness/env_vars.py documents and input_checks checks (the GPU tests read the engine's too)
+        # every one harness/env_vars.py documents and input_checks checks (the GPU tests read the engine's too)
+        environment()
     except CLIError as exc:
         raise pytest.UsageError(str(exc)) from None
     for where, name in (("--hypothesis-profile", config.getoption("--hypothesis-profile", None)),

@@ -24,7 +24,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.ci_speed.jit_cache import apply_jit_cache  # noqa: E402
+from harness.ci_speed.jit_cache import apply_jit_cache  # noqa: E402 - importable once ROOT is on sys.path
 
 apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harness` does (the eager twin inherits it)
 
@@ -37,7 +37,8 @@ def _eager_twin(case_id: str) -> dict:
             "from harness.production.engine.session import build_session\n"
             f"case = dataclasses.replace(spec({case_id!r}, kind='engine'), graphs=False)\n"
             "t = time.perf_counter(); s = build_session(case, log=lambda *a, **k: None); b = time.perf_counter() - t\n"
-            "t = time.perf_counter(); r = generate_and_judge(s, log=lambda *a, **k: None); g = time.perf_counter() - t\n"
+            "t = time.perf_counter(); r = generate_and_judge(s, log=lambda *a, **k: None);"
+            " g = time.perf_counter() - t\n"
             "print('RESULT', json.dumps({'build_s': b, 'judge_s': g, 'passed': r['passed'],"
             " 'problems': r['problems'][:2], 'generate_s': r['timing_s']['generate']}))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -89,7 +90,8 @@ def main(argv=None) -> int:
     eager = generate_and_judge(sess, log=quiet, eager_drafter=True)
     eager_row = {"judge_s": time.perf_counter() - t, "generate_s": eager["timing_s"]["generate"],
                  "passed": eager["passed"], "problems": eager["problems"][:3],
-                 "acceptance": {k: f"{v['accepted']}/{v['drafted']}" for k, v in (eager.get("acceptance") or {}).items()}}
+                 "acceptance": {k: f"{v['accepted']}/{v['drafted']}"
+                                for k, v in (eager.get("acceptance") or {}).items()}}
     print(f"drafter forced eager: {'PASS' if eager['passed'] else 'FAIL: ' + eager['problems'][0][:300]} "
           f"({eager_row['judge_s']:.1f} s)", flush=True)
     del sess
@@ -98,7 +100,8 @@ def main(argv=None) -> int:
            "build_s": build_s, "runs": runs, "eager_drafter": eager_row, "eager_twin": twin}
     warm = [r["judge_s"] for r in runs[1:]] or [runs[0]["judge_s"]]
     print(f"compilation: {json.dumps(rep.get('compilation'))}")
-    print(f"graph-mode build (incl. capture) {build_s:.1f} s; eager twin build {twin.get('build_s', float('nan')):.1f} s "
+    print(f"graph-mode build (incl. capture) {build_s:.1f} s; "
+          f"eager twin build {twin.get('build_s', float('nan')):.1f} s "
           f"(ratio {build_s / twin['build_s']:.2f})" if "build_s" in twin else f"eager twin: {twin}")
     print(f"one graph-mode verdict warm: {min(warm):.1f}-{max(warm):.1f} s; first {runs[0]['judge_s']:.1f} s; "
           f"drafter-eager re-run {eager_row['judge_s']:.1f} s"

@@ -19,10 +19,10 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-import reference as R  # noqa: E402
-from harness.presets import preset  # noqa: E402
+import reference as R
+from harness.presets import preset
 
 
 def main() -> None:

@@ -287,7 +287,8 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # dense MLP: every linear but the gate FP8; the exclusion bug (exclusions not remapped)
     # quantizes only linears here, so it surfaces as a load failure, not a crash
     _mod(GpuCase("tiny-k2-modelopt-pb-dense", overrides=(("mlp_layer_types", ["dense", "dense"]),), steps=2,
-                 seed=24, quant="modelopt-fp8-pb", expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
+                 seed=24, quant="modelopt-fp8-pb",
+                 expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
          "modelopt"),
     # the whole MTP layer excluded by the wildcard model.mtp_layers.0.* (a bf16 MTP head under an
     # FP8 backbone's ModelOpt config); dense MLP for the same reason as above

@@ -315,8 +315,8 @@ def _add_mutants_arguments(p) -> None:
     """``mutants``'s flags (here, not in harness.mutants: that package imports torch; the parser must not)."""
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")
     p.add_argument("--speculator", action="store_true",
-                   help="the planted bugs in vLLM's MTP speculator (harness.production.engine.speculator_mutants), each "
-                        "through bisect-check on its engine case, plus pristine controls")
+                   help="the planted bugs in vLLM's MTP speculator (harness.production.engine.speculator_mutants), "
+                        "each through bisect-check on its engine case, plus pristine controls")
     p.add_argument("--only", nargs="+", action="extend", default=None, metavar="NAME",
                    help="run only these mutants")
     p.add_argument("--report", default=None, metavar="R.json", help="write the JSON report here")
@@ -364,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--factor", type=float, default=2.0, help="report max_abs changes larger than this ratio")
     rp.set_defaults(func=cmd_report)
 
-    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch or load failure, 2 bad input, 125 cannot judge")
+    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch or load failure, "
+                                            "2 bad input, 125 cannot judge")
     b.add_argument("--case", action="append", default=None, metavar="ID",
                    help="side-by-side or engine case to judge (default: the bisect set)")
     b.add_argument("--report", default=None, help="write the JSON report here")
@@ -381,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "goldens (same tolerances); recorded on another GPU, torch or CUDA: exit 2")
     b.add_argument("--graphs", action="store_true",
                    help="also judge vLLM's speculator under CUDA graphs as `vllm serve` runs it "
-                        "(the graph-bisect cases: K = 3 with and without index sharing): for a change to graph capture, padding or the "
+                        "(the graph-bisect cases: K = 3 with and without index sharing): "
+                        "for a change to graph capture, padding or the "
                         "speculator's lifecycle hooks")
     b.add_argument("--compressed-tensors", action="store_true",
                    help="with --case: also judge the compressed-tensors channel-FP8 checkpoint "

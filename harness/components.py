@@ -117,7 +117,8 @@ class Component:
 
     def __post_init__(self):
         where = f"component {self.name!r}"
-        one_of(where, "compare", self.compare, CompareAs, "harness.trace_compare judges only these; add the new way there")
+        one_of(where, "compare", self.compare, CompareAs,
+               "harness.trace_compare judges only these; add the new way there")
         one_of(where, "production", self.production, ProductionSource, "None: not judged side by side")
         one_of(where, "tp", self.tp, TpRule, "production.tp.multigpu merges ranks by these rules only")
 
@@ -131,9 +132,11 @@ class Component:
 # accumulation order, fused vs unfused norms; the figures: benchmarks/NOTES.md). Each entry says
 # what it absorbs; none is global.
 _ONE = Tolerance(1e-2, 1e-2, "one bf16 rounding of an O(1) fused-op output (RMSNorm, eh_proj over bf16 inputs)")
-_GEMM = Tolerance(3e-2, 2e-2, "bf16 GEMM/norm output whose bf16 inputs differ from the spec by ~1 ulp (2 roundings deep)")
+_GEMM = Tolerance(3e-2, 2e-2,
+                  "bf16 GEMM/norm output whose bf16 inputs differ from the spec by ~1 ulp (2 roundings deep)")
 _ATTN = Tolerance(4e-2, 3e-2, "sparse MLA: bf16 absorbed q, bf16 latent cache, fp32 softmax, bf16 W_UV up-projection")
-_MLP = Tolerance(1e-1, 3e-2, "routed (clamped SwiGLU, fp32 top-k weights) + shared experts summed in bf16; values up to ~8")
+_MLP = Tolerance(1e-1, 3e-2,
+                 "routed (clamped SwiGLU, fp32 top-k weights) + shared experts summed in bf16; values up to ~8")
 
 # FP8 checkpoints. Production's block-FP8 GEMMs (every FP8 linear and the routed experts) quantize
 # their bf16 activation per token and group of 128 to e4m3 before the fp32 accumulation: each
@@ -225,11 +228,12 @@ REGISTRY: tuple[Component, ...] = (
               # the raw per-head weights (before the q scale is folded in): the judge recovers the
               # UE8M0 q scale from them and compares dequantized q
               hooks=_out(f"{_IX}.wk_weights_proj", optional=True, capture="indexer.kw"),
-              tolerance=_tol(Tolerance(0, 1.0, "UE8M0 power of two: flips x2 when the group amax sits on a binade edge")),
+              tolerance=_tol(Tolerance(0, 1.0, "UE8M0 power of two: flips x2 when the group amax sits on a "
+                                       "binade edge")),
               regimes=("indexer_ue8m0_rounded_frac", "indexer_ue8m0_scale_ratio_mean")),
     Component("indexer.q_deq", "reference.indexer.project", reference_trace=False, production="derived",
-              tolerance=_tol(Tolerance(5e-2, 0.13, "e4m3 keeps 3 mantissa bits: one element may round to the neighbouring "
-                                       "e4m3 value (2^-3 relative) when its bf16 input differs by an ulp"),
+              tolerance=_tol(Tolerance(5e-2, 0.13, "e4m3 keeps 3 mantissa bits: one element may round to the "
+                                       "neighbouring e4m3 value (2^-3 relative) when its bf16 input differs by an ulp"),
                              (0.55, _QDEQ.format("2.75e-1")), (0.36, _QDEQ.format("1.79e-1"))),
               regimes=("indexer_ue8m0_rounded_frac",), mutants=("indexer-rope-neox",)),
     Component("indexer.k", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 2, optional="with-parent"),
@@ -238,13 +242,15 @@ REGISTRY: tuple[Component, ...] = (
     Component("indexer.weights", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 3, optional="with-parent"),
               production=None),
     Component("indexer.head_weights", "reference.indexer.project", reference_trace=False, production="derived",
-              tolerance=_tol(Tolerance(5e-4, 2e-2, "indexer.weights / q_scale = w_h D^-1/2 ih^-1/2 (= w_h/64 here): 2 bf16 ulps of an O(1) w_h, over a bf16 "
+              tolerance=_tol(Tolerance(5e-4, 2e-2, "indexer.weights / q_scale = w_h D^-1/2 ih^-1/2 (= w_h/64 here): "
+                                       "2 bf16 ulps of an O(1) w_h, over a bf16 "
                                        "GEMM output (the q scale is judged by itself, it may flip x2)")),
               mutants=("indexer-weights-unscaled",)),
     # used only as the tie bound for top-k sets, as a fraction of the row's largest score
     Component("indexer.scores", "reference.indexer.scores", compare="tie-bound", production=None,
-              tolerance=_tol(Tolerance(8e-2, 0, "two faithful fp8 quantizations of q and k (inputs an ulp apart) move a key's "
-                                       "score by up to ~6.5% of the row's largest |score| (measured, reference EXACT vs PRODUCTION)"),
+              tolerance=_tol(Tolerance(8e-2, 0, "two faithful fp8 quantizations of q and k (inputs an ulp apart) "
+                                       "move a key's score by up to ~6.5% of the row's largest |score| "
+                                       "(measured, reference EXACT vs PRODUCTION)"),
                              (0.22, _TIE + " [1.09e-1]"), (0.14, _TIE + " [6.8e-2]"))),
     Component("indexer.topk", "reference.indexer.select_topk", compare="index",
               hooks=(Hook(f"{_IX}.indexer_op", "indexer-topk", optional="with-parent"),),
@@ -268,8 +274,10 @@ REGISTRY: tuple[Component, ...] = (
                        "kv-fp8-scale-reciprocal", "kv-fp8-scale-wrong-tile", "kv-fp8-scale-per-row")),
     Component("attn.gate", "reference.attention.gate",
               hooks=_out(f"{_SA}.linear_gate", transform="sigmoid", optional=True), tp="head-sharded",
-              tolerance=_tol(Tolerance(8e-3, 1e-2, "sigmoid in bf16 of a bf16 GEMM output: values in (0, 1), one or two ulps")),
-              regimes=("headwise_gate_rows", "elementwise_gate_rows"), mutants=("exclusions-not-remapped", "ct-ignore-regex-dropped")),
+              tolerance=_tol(Tolerance(8e-3, 1e-2, "sigmoid in bf16 of a bf16 GEMM output: values in (0, 1), "
+                                       "one or two ulps")),
+              regimes=("headwise_gate_rows", "elementwise_gate_rows"),
+              mutants=("exclusions-not-remapped", "ct-ignore-regex-dropped")),
     Component("attn.out", "reference.attention.apply_gate", hooks=_out(f"{_SA}.o_proj"), diagnostic=True,
               tolerance=_tol(_ATTN, (0.19, _OUT + " [9.5e-2]"), (0.17, _OUT + " [8.0e-2]")),
               regimes=("headwise_gate_rows", "elementwise_gate_rows"),
@@ -279,14 +287,15 @@ REGISTRY: tuple[Component, ...] = (
                                               (0.17, "attn.out + residual in bf16 [8.2e-2]"))),
     Component("moe.router_logits", "reference.moe.route", hooks=_out("mtp_block.mlp.gate", optional=True),
               diagnostic=True,
-              tolerance=_tol(Tolerance(4e-2, 2e-2, "fp32 router GEMM, but over the bf16 post-attention norm whose elements "
-                                       "differ by ~1 ulp: each flip moves a logit by ulp*|w| ~ 1e-3"),
+              tolerance=_tol(Tolerance(4e-2, 2e-2, "fp32 router GEMM, but over the bf16 post-attention norm "
+                                       "whose elements differ by ~1 ulp: each flip moves a logit by ulp*|w| ~ 1e-3"),
                              (0.26, "fp32 router over the FP8-noisy post-attention norm [1.28e-1]"),
                              (0.1, "fp32 router over the FP8-noisy post-attention norm [4.9e-2]"))),
     Component("moe.topk_ids", "reference.moe.route", compare="index", hooks=_ROUTER,
               regimes=("routing_near_tie_rows", "routing_near_tie_frac"), mutants=("expert-bias-ignored",)),
     Component("moe.topk_weights", "reference.moe.route", hooks=_ROUTER,
-              tolerance=_tol(Tolerance(1e-2, 1e-2, "sigmoid of the router logits above, renormalised and x routed_scaling_factor"),
+              tolerance=_tol(Tolerance(1e-2, 1e-2, "sigmoid of the router logits above, renormalised and "
+                                       "x routed_scaling_factor"),
                              (0.07, "sigmoid of the router logits above, renormalised [3.4e-2]"),
                              (0.03, "sigmoid of the router logits above, renormalised [1.4e-2]")),
               regimes=("routing_near_tie_rows",),
@@ -301,10 +310,12 @@ REGISTRY: tuple[Component, ...] = (
               regimes=_CLAMP, mutants=("expert-swap", "clamp-removed")),
     Component("final_norm", "reference.norms.rms_norm", hooks=_out("final_layernorm"), diagnostic=True,
               tolerance=_tol(Tolerance(6e-2, 2e-2, "fused add+RMSNorm in bf16 over mlp.out and the residual"),
-                             (0.53, "add+RMSNorm over mlp.out [2.61e-1]"), (0.43, "add+RMSNorm over mlp.out [2.14e-1]"))),
+                             (0.53, "add+RMSNorm over mlp.out [2.61e-1]"),
+                             (0.43, "add+RMSNorm over mlp.out [2.14e-1]"))),
     Component("logits", "reference.mtp.forward_step", production="runner",
               tolerance=_tol(Tolerance(1e-1, 2e-2, "fp32 LM head over final_norm's bf16 ulps (H terms of ulp*|w|)"),
-                             (0.38, "fp32 head over final_norm [1.88e-1]"), (0.39, "fp32 head over final_norm [1.94e-1]")),
+                             (0.38, "fp32 head over final_norm [1.88e-1]"),
+                             (0.39, "fp32 head over final_norm [1.94e-1]")),
               mutants=("lm-head-zero",)),
     Component("draft_token", "reference.mtp.forward_step", compare="token", production="runner"),
 )

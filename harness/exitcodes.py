@@ -333,7 +333,9 @@ def _bad_path(exc: BaseException) -> str | None:
 
 
 def _cut(line: str) -> str:
-    return line if len(line) <= MAX_LINE else f"{line[:MAX_LINE - 100]}... ({len(line) - MAX_LINE + 100} more characters)"
+    if len(line) <= MAX_LINE:
+        return line
+    return f"{line[:MAX_LINE - 100]}... ({len(line) - MAX_LINE + 100} more characters)"
 
 
 def classify(exc: BaseException) -> tuple[int, str]:

@@ -43,7 +43,8 @@ from .shards import SINGLE, _dt, _load_json, _locate, _Reader, _st_dtype
 from .quant import CT_METHOD, Fp8Plan, decode_scale, mtp_fp8_plan, vllm_reinterprets_uint8
 
 
-_SPLIT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv|weight_scale|scale)$")
+_SPLIT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)"
+                    r"\.(weight|weight_scale_inv|weight_scale|scale)$")
 _FUSED = re.compile(r"^mlp\.experts\.(gate_up_proj|down_proj)(|_scale_inv|\.weight_scale_inv|\.scale)$")
 _EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -79,6 +79,7 @@ compressed-tensors (``quantization_config.quant_method: compressed-tensors``, vL
 from __future__ import annotations
 
 import dataclasses
+import re
 from fnmatch import fnmatch
 
 import torch
@@ -87,10 +88,7 @@ from reference.config import MTPConfig
 from reference.fp8 import UE8M0_MAX_BYTE, quantize_block, to_e4m3, ue8m0_decode, ue8m0_encode
 from reference.weights import layer_shapes
 
-import re
-
 DEFAULT_BLOCK = (128, 128)
-from .options import QUANTS
 
 CT_METHOD = "compressed-tensors"
 CT_FORMAT = "float-quantized"
@@ -476,7 +474,8 @@ def _compressed_tensors_plan(qc: dict, cfg: MTPConfig, algo: str) -> Fp8Plan:
         raise ValueError(f"quantization_config.{where}.weights.block_structure is {w.get('block_structure')!r}, "
                          f"expected {list(DEFAULT_BLOCK)}")
     act = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True}
-    act.update({"strategy": "token"} if strategy == "channel" else {"strategy": "group", "group_size": DEFAULT_BLOCK[1]})
+    act.update({"strategy": "token"} if strategy == "channel"
+               else {"strategy": "group", "group_size": DEFAULT_BLOCK[1]})
     _ct_args(qc, f"{where}.input_activations", group.get("input_activations"), act)
     if group.get("output_activations") is not None:
         raise ValueError(f"quantization_config.{where}.output_activations: not modelled; set it to null")
@@ -493,7 +492,8 @@ def _compressed_tensors_plan(qc: dict, cfg: MTPConfig, algo: str) -> Fp8Plan:
             try:
                 re.compile(entry[3:])
             except re.error as exc:
-                raise ValueError(f"quantization_config.ignore[{j}] {entry!r}: not a regular expression ({exc})") from exc
+                raise ValueError(f"quantization_config.ignore[{j}] {entry!r}: "
+                                 f"not a regular expression ({exc})") from exc
     n = cfg.num_hidden_layers
     aliases = tuple((f"model.layers.{n + i}.", f"model.mtp_layers.{i}.") for i in range(cfg.num_mtp_layers))
     plan = Fp8Plan(block=DEFAULT_BLOCK, ue8m0=False, quantized={}, algo=algo, method=CT_METHOD,

@@ -11,7 +11,7 @@ from reference.config import MTPConfig
 from reference.weights import layer_shapes
 
 from .options import CT_QUANTS, QUANTS
-from .quant import CT_FORMAT, CT_GAP, CT_METHOD, DEFAULT_BLOCK, KEPT_BF16, MODELOPT_ALGO
+from .quant import CT_FORMAT, CT_METHOD, DEFAULT_BLOCK, KEPT_BF16, MODELOPT_ALGO
 
 def ct_ignore(cfg: MTPConfig, naming: str, style: str = "regex") -> list[str]:
     """A synthetic compressed-tensors checkpoint's ``ignore`` list.

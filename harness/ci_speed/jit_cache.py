@@ -113,7 +113,6 @@ def memoize_packages_distributions(directory: str) -> None:
     compute it as before and keep the answer there. The same dict either way (JSON keeps the
     order of keys and lists). A layer that cannot be read or written only costs the time."""
     import importlib.metadata as md
-    import json
     import os
 
     if getattr(md.packages_distributions, "_hyv4_memo_of", None) is not None:

@@ -37,7 +37,8 @@ def _is_yarn(case) -> bool:
 
 
 PREFETCH = {
-    # fp8_blockscale_gemm_90: minutes of nvcc (benchmarks/NOTES.md); vLLM picks it for 128x128-block FP8 linears on SM90.
+    # fp8_blockscale_gemm_90: minutes of nvcc (benchmarks/NOTES.md); vLLM picks it for 128x128-block FP8 linears
+    # on SM90.
     "flashinfer-fp8-blockscale-gemm-sm90": (
         lambda cases, engine: any(c.quant != "bf16" for c in cases),
         _prefetch_code(

@@ -64,7 +64,7 @@ from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
 from . import jit_cache, jit_pack
 from .kernel_prefetch import PREFETCH, plan_prefetch
-from .jit_cache import BYTECODE_VAR, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
+from .jit_cache import JIT_CACHE_ENV, apply_jit_cache
 
 MAX_LANES = 64  # parallel compile processes
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
@@ -469,7 +469,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
         t0 = time.perf_counter()
         try:
             fn()
-        except Exception as exc:  # noqa: BLE001 - reported with its name, exit 125
+        except Exception as exc:  # reported with its name, exit 125
             raise CannotJudge(f"warmup {name}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}") from exc
         dt = time.perf_counter() - t0
         rep["steps"].append({"name": name, "seconds": round(dt, 2)})

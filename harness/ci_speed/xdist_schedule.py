@@ -17,8 +17,6 @@ requires.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import xml.etree.ElementTree as ET
 

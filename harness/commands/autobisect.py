@@ -203,7 +203,8 @@ def _conclude(args, res, steps: list[dict], session: str) -> int:
         first = first_divergent(doc)
         out["first_divergent"] = first
         print(f"culprit: {res.culprit} {res.subject}")
-        print(f"first divergent: {first or 'not named (the step wrote no report naming one; exit ' + str(step.get('exit')) + ')'}")
+        unnamed = f"not named (the step wrote no report naming one; exit {step.get('exit')})"
+        print(f"first divergent: {first or unnamed}")
     else:
         aborted = [s for s in steps if s.get("exit") not in (0, 1, 125)]
         if aborted:
@@ -212,7 +213,7 @@ def _conclude(args, res, steps: list[dict], session: str) -> int:
                     "the bisect stopped")
             code = EXIT_USAGE if s.get("exit") == EXIT_USAGE else EXIT_CANNOT_JUDGE
         elif res.candidates:
-            line = (f"cannot judge: only skipped commits left; the culprit is one of: "
+            line = ("cannot judge: only skipped commits left; the culprit is one of: "
                     + ", ".join(c[:12] for c in res.candidates))
             code = EXIT_CANNOT_JUDGE
         else:

@@ -182,12 +182,14 @@ def _side_by_side_cases(ids, plant, golden, out: SideBySide, share: ThreadShare)
         # seconds: this case in this process, all of it; timing_s: its production build / load / run and
         # the reference (replays and the free-running draft the regimes come from); the rest of seconds
         # is the inputs and the comparison (the golden check below is not in it)
-        result.comparison.meta.update(regimes=result.regimes, model_kernel_paths=result.details.get("model_kernel_paths"),
+        result.comparison.meta.update(regimes=result.regimes,
+                                      model_kernel_paths=result.details.get("model_kernel_paths"),
                                       seconds=round(time.perf_counter() - t0, 2),
                                       timing_s=result.details.get("timing_s"))
         out.regimes[cid] = result.regimes
         first = result.first_divergent
-        print(f"{'ok  ' if result.passed else 'FAIL'} side-by-side {cid}" + ("" if result.passed else f": first divergent {first}"))
+        print(f"{'ok  ' if result.passed else 'FAIL'} side-by-side {cid}"
+              + ("" if result.passed else f": first divergent {first}"))
         print(f"     regimes: {format_regimes(result.regimes)}")
         out.verdict = out.verdict if result.passed else EXIT_MISMATCH
         if golden is None:

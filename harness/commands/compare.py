@@ -235,7 +235,8 @@ def compare_command(args) -> int:
               f"{'PASS' if vs.passed else 'FAIL'}\n{vs.table()}")
         reports[f"{case.id}/tp{tp}-vs-tp1"] = vs
     golden_code, not_judged = EXIT_OK, []
-    if case.id in case_ids(role="golden", kind="module") and case == _golden_case(case.id):  # the named case its golden was recorded from
+    # the named case its golden was recorded from
+    if case.id in case_ids(role="golden", kind="module") and case == _golden_case(case.id):
         if tp == 1:
             golden, golden_code, not_judged = judge_golden("golden", case.id, result.trace, store.ROOT)
             if golden is not None:

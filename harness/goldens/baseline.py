@@ -18,7 +18,6 @@ and only when it is a baseline (or empty); the old one stays whole until the new
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path

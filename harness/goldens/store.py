@@ -19,7 +19,6 @@ file is never a golden (``load``, ``write_set`` and the manifest refuse or skip 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 from collections.abc import Callable
@@ -181,7 +180,7 @@ def load(kind: str, case_id: str, root: Path = ROOT) -> tuple[dict, dict]:
         from safetensors.torch import load as load_bytes
 
         tensors = load_bytes(data)
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+    except Exception as exc:  # safetensors raises several types
         raise GoldenError(f"golden file {path} does not parse: {exc}") from exc
     return {k: (v.to(torch.float64) if v.dtype == torch.float8_e4m3fn else v) for k, v in tensors.items()}, entry
 

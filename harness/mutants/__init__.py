@@ -47,7 +47,8 @@ from .driver import (_RunRaised, case_by_id, mutants_command, run_catalogue, run
                      run_planted)
 
 __all__ = [
-    "BY_NAME", "CATALOGUE", "Ctx", "GOLDEN_CATALOGUE", "Mutant", "MutantNotApplicable", "Planted", "ROPE_PARAMS", "_RunRaised",
+    "BY_NAME", "CATALOGUE", "Ctx", "GOLDEN_CATALOGUE", "Mutant", "MutantNotApplicable", "Planted", "ROPE_PARAMS",
+    "_RunRaised",
     "case_by_id", "format_list", "mutants_command", "need", "rope_cross_check",
     "routing_cross_check", "run_catalogue", "run_control", "run_mutant", "run_planted", "select",
     "vllm_hf_config",

@@ -60,7 +60,8 @@ def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
 
 
 def run_planted(case, name: str) -> Verdict:
-    """``harness.production.judging.trace_judge`` of ``case`` run with mutant ``name`` planted (``bisect-check --plant``).
+    """``harness.production.judging.trace_judge`` of ``case`` run with mutant ``name`` planted
+    (``bisect-check --plant``).
 
     Raises MutantNotApplicable when the mutant has nothing to act on in this case, _RunRaised
     when production raised after the mutant was applied.

@@ -145,7 +145,8 @@ def _config_lines(ids: list[str]) -> None:
         vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
         d = vc.speculative_config.draft_model_config
         print(json.dumps({
-            "mode": "config", "id": cid, "quantization": vc.model_config.quantization, "draft_quantization": d.quantization,
+            "mode": "config", "id": cid, "quantization": vc.model_config.quantization,
+            "draft_quantization": d.quantization,
             "quant_config": type(vc.quant_config).__name__ if vc.quant_config is not None else None,
             "draft_model_type": d.hf_config.model_type,
             "draft_mtp_quant_algo": getattr(d.hf_config, "mtp_quant_algo", None),

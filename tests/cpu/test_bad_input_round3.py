@@ -27,23 +27,7 @@ from test_exit_contract import _run  # the exit-code tests' one CLI runner (test
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class ProductionReached(AssertionError):
-    pass
-
-
-@pytest.fixture
-def gpu_host(monkeypatch):
-    """Looks like a GPU host; any production run, engine or mutant catalogue fails the test."""
-    from harness.production import can_run
-    from harness.production.engine import process as engine_process
-    from harness.production.module import side_by_side
-
-    def must_not_run(*a, **kw):
-        raise ProductionReached("production reached: the input was not validated first")
-
-    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
-    monkeypatch.setattr(side_by_side, "run_case", must_not_run)
-    monkeypatch.setattr(engine_process, "start_engine_cases", must_not_run)
+# gpu_host and tiny_ckpt: tests/cpu/conftest.py (shared with test_bad_input_round4.py)
 
 
 def _one_line(result, want_code, *culprits):
@@ -232,19 +216,6 @@ def test_engine_command_checks_its_outputs_and_variables_first(tmp_path, capsys,
 
 
 # ---- 4 and 11: bad files and values named, not "unexpected harness error" -----------------------
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    """A tiny two-shard checkpoint; tests edit copies of it (``shutil.copytree``), never it."""
-    from harness.checkpoint.synth import synth_config, write_synthetic
-    from reference.config import MTPConfig
-    from reference.weights import random_weights
-
-    hf = synth_config("tiny", vocab_size=128)
-    return write_synthetic(tmp_path_factory.mktemp("bad-input") / "ck", hf,
-                           random_weights(MTPConfig.from_hf_dict(hf), 1), shards=2)
-
-
 
 def _config_edit(fn):
     def edit(d: Path):

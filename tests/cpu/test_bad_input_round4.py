@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from test_bad_input_round3 import _good_report, _one_line, _special, _tree, gpu_host, tiny_ckpt  # noqa: F401 - fixtures
+from test_bad_input_round3 import _good_report, _one_line, _special, _tree  # gpu_host, tiny_ckpt: conftest.py
 from test_exit_contract import _run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -315,7 +315,8 @@ DOMAIN_CASES = {
     "yarn factor 0": (_yarn(factor=0), "rope_parameters.factor", "> 0"),
     "yarn factor -4": (_yarn(factor=-4), "rope_parameters.factor", "> 0"),
     "yarn original max 0": (_yarn(original_max_position_embeddings=0), "original_max_position_embeddings", ">= 1"),
-    "top original max 0": ({**_yarn(), "original_max_position_embeddings": 0}, "original_max_position_embeddings", ">= 1"),
+    "top original max 0": ({**_yarn(), "original_max_position_embeddings": 0}, "original_max_position_embeddings",
+                           ">= 1"),
     "rope_theta 0": ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta", "> 1"),
     "rope_theta -10000": ({"rope_parameters": {"rope_theta": -10000}}, "rope_theta", "> 1"),
     "rope_theta true": ({"rope_parameters": {"rope_theta": True}}, "rope_theta", "true / false"),
@@ -412,7 +413,8 @@ def test_an_oserror_about_a_path_is_bad_input_wherever_it_is_raised():
 def test_a_baseline_manifest_past_the_int_string_limit(tmp_path, capsys, gpu_host):
     d = tmp_path / "bl"
     d.mkdir()
-    (d / "manifest.json").write_text('{"cases": {}, "baseline": {"platform": {}, "cases": [], "n": ' + "9" * 5000 + "}}")
+    (d / "manifest.json").write_text('{"cases": {}, "baseline": {"platform": {}, "cases": [], "n": '
+                                     + "9" * 5000 + "}}")
     _one_line(_run(capsys, "bisect-check", "--baseline", d), 2, "manifest.json", "4300 digits")
 
 
@@ -576,9 +578,11 @@ OFFSET_EDITS = {
     "negative": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [-8, h[n]["data_offsets"][1]])),
                  "data_offsets start -8"),
     "float": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [h[n]["data_offsets"][0] + 0.5,
-                                                                           h[n]["data_offsets"][1]])), "data_offsets start"),
+                                                                           h[n]["data_offsets"][1]])),
+              "data_offsets start"),
     "string": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [str(h[n]["data_offsets"][0]),
-                                                                            h[n]["data_offsets"][1]])), "data_offsets start"),
+                                                                            h[n]["data_offsets"][1]])),
+               "data_offsets start"),
     "overlap": (_entry_edit(_overlap), "overlap"),
     "one offset": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [0])), "data_offsets"),
     "listed twice": (_listed_twice, "listed twice"),

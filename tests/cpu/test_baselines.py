@@ -275,7 +275,8 @@ def test_compare_says_not_judged_and_keeps_its_exit_code(tmp_path, host, capsys)
     report = tmp_path / "r.json"
     assert cli.main(["compare", "tiny-k3-share", "--report", str(report)]) == 0
     out = _lines(capsys)
-    assert [ln for ln in out if ln.startswith("NOT JUDGED: golden tiny-k3-share (no golden for platform gpu=NVIDIA H100")]
+    assert [ln for ln in out
+            if ln.startswith("NOT JUDGED: golden tiny-k3-share (no golden for platform gpu=NVIDIA H100")]
     assert [ln for ln in out if ln.startswith("NOT JUDGED: 1 golden part(s)")]
     assert json.loads(report.read_text())["meta"]["not_judged"][0]["part"] == "golden/tiny-k3-share"
 

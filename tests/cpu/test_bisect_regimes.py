@@ -317,7 +317,8 @@ def test_a_lone_engine_started_early_gets_a_fixed_kv_size_but_the_cores_to_itsel
 def test_a_plant_that_applies_to_no_case_cannot_judge_whatever_allow_unjudged_says(capsys):
     """bisect-check --plant judged vLLM as it is when the mutant applied to none of its cases (a
     release where the bug's precondition does not hold): that run says nothing about the plant."""
-    sbs = bisect_check.SideBySide(plant_notes=["plant not applicable: p to tiny-k1 (weight is bf16): judged as vLLM is"])
+    sbs = bisect_check.SideBySide(
+        plant_notes=["plant not applicable: p to tiny-k1 (weight is bf16): judged as vLLM is"])
     assert bisect_check.plant_verdict("p", ["tiny-k1"], sbs, EXIT_OK) == EXIT_CANNOT_JUDGE
     assert "NOT JUDGED: --plant p applies to none of this run's side-by-side cases" in capsys.readouterr().out
     assert bisect_check.plant_verdict("p", ["tiny-k1"], sbs, EXIT_MISMATCH) == EXIT_MISMATCH  # vLLM failed anyway

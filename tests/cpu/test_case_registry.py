@@ -87,11 +87,13 @@ def test_role_lists_state_what_their_cases_are():
     assert reg.ids(role="compressed-tensors") == tuple(r.id for r in single_module
                                                        if r.spec.quant.startswith("compressed-tensors"))
     assert reg.ids(role="modelopt") == tuple(r.id for r in single_module if r.spec.quant == "modelopt-fp8-pb")
-    assert reg.ids(role="reload") == tuple(r.id for r in reg.REGISTRY if getattr(r.spec, "reload_seed", None) is not None)
+    assert reg.ids(role="reload") == tuple(r.id for r in reg.REGISTRY
+                                           if getattr(r.spec, "reload_seed", None) is not None)
     # a known vLLM gap is declared only where the case exists to show it (a compressed-tensors case)
     assert all("compressed-tensors" in r.roles for r in single_module if r.spec.upstream_gaps)
     # fp8-kv: exactly the cases served with an FP8 KV cache, module and engine (eager and CUDA graphs)
-    assert reg.ids(role="fp8-kv") == tuple(r.id for r in reg.REGISTRY if getattr(r.spec, "kv_cache_dtype", "auto") != "auto")
+    assert reg.ids(role="fp8-kv") == tuple(r.id for r in reg.REGISTRY
+                                           if getattr(r.spec, "kv_cache_dtype", "auto") != "auto")
     assert {r.kind for r in reg.records(role="fp8-kv")} == {"module", "engine"}
     assert {r.spec.graphs for r in reg.records(role="fp8-kv", kind="engine")} == {False, True}
     for r in reg.records(role="fp8-kv", kind="module"):  # contexts longer than index_topk (128)

@@ -62,7 +62,8 @@ def test_synth_writes_compressed_tensors_as_it_is_laid_out(tmp_path, quant, styl
     if quant == CHANNEL:
         assert (w["strategy"], w["block_structure"], a["strategy"]) == ("channel", None, "token")
     else:
-        assert (w["strategy"], w["block_structure"], a["strategy"], a["group_size"]) == ("block", [128, 128], "group", 128)
+        assert ((w["strategy"], w["block_structure"], a["strategy"], a["group_size"])
+                == ("block", [128, 128], "group", 128))
     ignore = qc["ignore"]
     assert ignore[0] == "lm_head" and any(e.startswith("re:") for e in ignore)
     if style == "regex":
@@ -106,7 +107,8 @@ def test_reference_weights_are_the_exact_dequantized_checkpoint(tmp_path, quant)
         assert torch.equal(loaded.weights["layers.0.mlp.experts.up_proj"][3], qe * se)
     assert loaded.fp8["layers.0.attn.o_proj"].block == ((1, q.shape[1]) if quant == CHANNEL else (128, 128))
     for name, v in loaded.weights.items():
-        tol = 2 ** -4 * float(w[name].abs().max()) if name in loaded.fp8 else 2 ** -8 * float(w[name].abs().max()) + 1e-30
+        tol = (2 ** -4 * float(w[name].abs().max()) if name in loaded.fp8
+               else 2 ** -8 * float(w[name].abs().max()) + 1e-30)
         assert float((v - w[name]).abs().max()) <= tol, name
     assert "layers.0.attn.linear_gate" not in loaded.fp8 and "layers.0.indexer.wk" not in loaded.fp8
 
@@ -152,7 +154,8 @@ def test_loader_refuses_tensors_the_config_does_not_describe(tmp_path):
         return lambda bad: bad.__setitem__(name + "_inv", bad.pop(name))
 
     edits = [  # (what the checkpoint gets wrong, the loader's line)
-        (lambda bad: bad.update({GATE + ".weight": t[GATE + ".weight"].to(torch.float8_e4m3fn),  # an ignored module stored FP8
+        # an ignored module stored FP8
+        (lambda bad: bad.update({GATE + ".weight": t[GATE + ".weight"].to(torch.float8_e4m3fn),
                                  GATE + ".weight_scale": torch.ones(t[GATE + ".weight"].shape[0], 1)}),
          r"linear_gate\.weight: stored as float8_e4m3fn, but quantization_config\.ignore excludes it"),
         (renamed(o_scale), r"o_proj.weight_scale_inv: .*loads \.weight_scale"),
@@ -210,11 +213,13 @@ def test_plan_agrees_with_vllms_compressed_tensors_config(style, dense, gc_pause
     qc = mtp._remap_mtp_quant_exclusions(qc, cfg.num_hidden_layers, cfg.num_mtp_layers)
     qc.packed_modules_mapping = mtp.HYV4MTP.packed_modules_mapping
     plan = mtp_fp8_plan(hf, cfg)
-    layer = {leaf for leaf in _QUANT_MODULES if leaf in __import__("reference.weights", fromlist=["x"]).layer_shapes(cfg)}
+    layer = {leaf for leaf in _QUANT_MODULES
+             if leaf in __import__("reference.weights", fromlist=["x"]).layer_shapes(cfg)}
     checked = 0
     for module in sorted({_QUANT_MODULES[leaf][0] for leaf in layer}):
         prefix = f"model.layers.{cfg.num_hidden_layers}.{module}"
-        names = [f"{prefix}.0.{p}" for p in ("gate_proj", "up_proj", "down_proj")] if module == "mlp.experts" else [prefix]
+        names = ([f"{prefix}.0.{p}" for p in ("gate_proj", "up_proj", "down_proj")] if module == "mlp.experts"
+                 else [prefix])
         dicts = [qc.get_scheme_dict(torch.nn.Linear(1, 1), n) for n in names]
         assert len({d is None for d in dicts}) == 1, (prefix, dicts)
         vllm_ignored = dicts[0] is None
@@ -241,7 +246,8 @@ def test_audit_names_the_gap_first_and_its_consequences_are_explained():
     assert all(p.split(": ", 1)[1].startswith("vLLM gap: HYV4MTP._remap_mtp_quant_exclusions") for p in problems)
     assert gap_modules(problems) == [gate, experts]
     later = [f"{gate}.weight_scale: holds finfo(float32).min (scale sentinel never loaded)",
-             f"loader warning: HYV4 MTP draft model: 1 parameters received no checkpoint value: {experts}.w13_weight_scale",
+             "loader warning: HYV4 MTP draft model: 1 parameters received no checkpoint value: "
+             f"{experts}.w13_weight_scale",
              "model.layers.2.mtp_block.self_attn.o_proj.weight_scale: contains NaN"]
     assert unexplained_by_gaps(problems + later) == [later[2]]  # a problem elsewhere is not hidden
     hf, _ = _ct_hf("regex")
@@ -307,7 +313,8 @@ def test_the_default_bisect_set_holds_a_case_of_each_deployed_configuration():
     gpu_cases = case_registry.specs(kind="module", without="probe")
 
     base = bisect_case_ids(argparse.Namespace(case=None))
-    assert set(REFERENCE_ONLY_BISECT_CASES) <= set(base) and not set(REFERENCE_ONLY_BISECT_CASES) & set(DEFAULT_BISECT_CASES)
+    assert set(REFERENCE_ONLY_BISECT_CASES) <= set(base)
+    assert not set(REFERENCE_ONLY_BISECT_CASES) & set(DEFAULT_BISECT_CASES)
     kinds = {(gpu_cases[c].kv_cache_dtype, gpu_cases[c].quant, gpu_cases[c].reload_seed is not None)
              for c in REFERENCE_ONLY_BISECT_CASES}
     assert any(k[0] == "fp8" for k in kinds) and any(k[1].startswith("compressed-tensors") for k in kinds) \
@@ -346,7 +353,8 @@ def test_vllm_load_weights_takes_the_compressed_tensors_checkpoint(vllm_probe, c
 
     d = vllm_probe.answer("load", case_id)
     assert d["mismatches"] == [] and d["quant_problems"] == [], (d["mismatches"][:4], d["quant_problems"][:4])
-    assert all(n.rsplit(".", 1)[1] in ("k_scale", "v_scale", "q_scale", "prob_scale") for n in d["unloaded"]), d["unloaded"]
+    assert all(n.rsplit(".", 1)[1] in ("k_scale", "v_scale", "q_scale", "prob_scale")
+               for n in d["unloaded"]), d["unloaded"]
     methods = d["quant_methods"]
     for m in gpu_cases[case_id].expect_unquantized:
         assert methods[m].startswith("Unquantized"), (m, methods[m])

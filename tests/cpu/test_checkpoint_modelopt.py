@@ -208,7 +208,8 @@ def test_audit_names_excluded_module_built_quantized(tmp_path):
 
 
 def test_audit_excluded_lm_head_and_wildcard_layer(tmp_path):
-    probs = quant_method_problems(_hf(tmp_path), _methods(**{"model.layers.2.shared_head.head": "ModelOptLinearMethod"}))
+    probs = quant_method_problems(_hf(tmp_path),
+                                  _methods(**{"model.layers.2.shared_head.head": "ModelOptLinearMethod"}))
     assert len(probs) == 1 and probs[0].startswith("model.layers.2.shared_head.head: ") and "'lm_head'" in probs[0]
     probs = quant_method_problems(_hf(tmp_path / "w", bf16_layers=(0,)), _methods())
     assert [p.split(":")[0] for p in probs] == ["model.layers.2.mtp_block.self_attn.q_b_proj",
@@ -351,7 +352,8 @@ def test_audit_ignores_modules_built_without_the_quant_config(tmp_path):
 MODELOPT_IDS = ("tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense", "tiny-k2-modelopt-layer-bf16-dense")
 PLANTED = "tiny-k2-modelopt-pb-dense@exclusions-not-remapped"
 VLLM_PROBE = {"config": list(MODELOPT_IDS), "load": [*MODELOPT_IDS, PLANTED]}
-_KV_SCALES = ["model.layers.2.mtp_block.self_attn.mla_attn." + s for s in ("k_scale", "prob_scale", "q_scale", "v_scale")]
+_KV_SCALES = ["model.layers.2.mtp_block.self_attn.mla_attn." + s
+              for s in ("k_scale", "prob_scale", "q_scale", "v_scale")]
 
 
 

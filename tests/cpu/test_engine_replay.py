@@ -17,8 +17,8 @@ from harness import case_registry
 from harness.trace_compare import logit_margin_decisive
 from harness.production.engine.generation_judge import verdict_problems, worst_exit_code
 from harness.production.engine.taps import match_rows
-from harness.production.engine.draft_replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
-                                              token_requests)
+from harness.production.engine.draft_replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay,
+                                                    run_facts, token_requests)
 from harness.production.judging.tolerances import tolerances_for
 
 LOGITS_TOL = tolerances_for("bf16")["logits"]
@@ -251,7 +251,8 @@ def test_judge_run_report_of_a_faithful_engine_passes():
     assert verdict_problems(rep) == [], verdict_problems(rep)
     assert c["drafted"] == c["compared"] + c["ties"] == 2 * len(calls) and c["max_draft_steps"] == 2
     assert rep["facts"]["accepted_drafts_per_step"] == {"0": 5, "1": 1}
-    assert rep["facts"]["seq_len_disagreements"] == 0 and rep["facts"]["step0_rejected_rows"] == 11  # (2+2) + (1+2) + (2+2)
+    assert rep["facts"]["seq_len_disagreements"] == 0
+    assert rep["facts"]["step0_rejected_rows"] == 11  # (2+2) + (1+2) + (2+2)
     # a production token flipped on a decisive row is a mismatch
     calls[-1].tokens = calls[-1].tokens.clone()
     row = next(s for s in range(2) if logit_margin_decisive(calls[-1].logits[s], LOGITS_TOL))

@@ -139,7 +139,8 @@ ALLOWED = {
     "harness.goldens.store": ("harness.atomic", "harness.exitcodes", "harness.input_checks", "harness.trace_compare",
                               "harness.verdict"),
     "harness.goldens.reference": ("reference", "harness.goldens.store", "harness.case_registry", "harness.case_specs",
-                                  "harness.record_checks", "harness.trace_compare", "harness.exitcodes", "harness.report"),
+                                  "harness.record_checks", "harness.trace_compare", "harness.exitcodes",
+                                  "harness.report"),
     "harness.production.module.capture": ("harness.components",),
     # harness.input_checks: the bounded reader of a recording (a FIFO or /dev/zero refused, no mmap)
     "harness.production.engine.draft_replay": ("reference", "harness.trace_compare", "harness.components",
@@ -207,8 +208,8 @@ def test_nothing_imports_upward():
     # the rule has teeth: the modules it must see are there, and it sees what they import
     assert "harness.commands.compare" in MODULES and "harness.commands.engine" in MODULES
     assert "harness.mutants" in _imports("harness.commands.compare", MODULES["harness.commands.compare"], False)
-    assert "harness.commands.engine" in _imports("harness.commands.passthrough", MODULES["harness.commands.passthrough"],
-                                                 False)
+    assert "harness.commands.engine" in _imports("harness.commands.passthrough",
+                                                 MODULES["harness.commands.passthrough"], False)
 
 
 # The CI-speed machinery (``harness.ci_speed``) and the numeric harness (``reference``, ``harness``

@@ -145,12 +145,14 @@ def test_restore_round_trip_gives_the_same_bytes_links_and_folders(packed, tmp_p
     assert all(p.lstat().st_mtime >= t0 - 1 for p in (root / "triton").rglob("*") if not p.is_symlink())
     packed_names = set(jit_pack.packed_layers(str(src)))
     assert _tree(root, packed_names) == _tree(src, packed_names)
-    assert (root / "triton" / "latest.so").read_bytes() == (src / "triton" / "mod" / "deep" / "er" / "kernel.so").read_bytes()
+    assert ((root / "triton" / "latest.so").read_bytes()
+            == (src / "triton" / "mod" / "deep" / "er" / "kernel.so").read_bytes())
     assert (root / "pycache" / "mine.pyc").read_bytes() == b"this host's bytecode"  # not packed, not touched
     assert not (root / "python-metadata").exists()
     import json
     stamp = json.loads((root / jit_pack.STAMP).read_text())
-    assert stamp["steps"] == {"tiny-k1": "f00d"} and stamp["restored"]["key"] == jit_pack.key_digest(jit_pack.cache_key(HOST))
+    assert stamp["steps"] == {"tiny-k1": "f00d"}
+    assert stamp["restored"]["key"] == jit_pack.key_digest(jit_pack.cache_key(HOST))
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []  # no temp folder left
     # once restored, a second restore has nothing to do
     assert jit_pack.restore(str(pack), str(root), HOST)[0] == "held"
@@ -307,7 +309,8 @@ def cli_env(monkeypatch):
 
 @pytest.mark.parametrize("argv, culprit", [
     (["--restore-only"], "--restore-only needs --restore"),
-    (["--restore", "{pack}", "--restore-only", "--pack", "{tmp}/p2", "--cache", "{tmp}/c"], "--restore-only and --pack"),
+    (["--restore", "{pack}", "--restore-only", "--pack", "{tmp}/p2", "--cache", "{tmp}/c"],
+     "--restore-only and --pack"),
     (["--restore", "{pack}"], "--restore needs one cache root"),
     (["--restore", "{tmp}/nowhere", "--cache", "{tmp}/c"], "--restore {tmp}/nowhere: no such directory"),
     (["--restore", "{tmp}", "--cache", "{tmp}/c"], "MANIFEST: missing"),

@@ -133,7 +133,8 @@ def test_kv_cache_dtype_names_and_the_stored_values():
         with pytest.raises(ConfigError, match=bad):
             DraftCache(bad)
     g = torch.Generator().manual_seed(0)
-    kv_c, pe = torch.randn(5, 512, generator=g, dtype=torch.float64), torch.randn(5, 64, generator=g, dtype=torch.float64)
+    kv_c = torch.randn(5, 512, generator=g, dtype=torch.float64)
+    pe = torch.randn(5, 64, generator=g, dtype=torch.float64)
     assert K.stored_kv("auto", kv_c, pe) == (kv_c, pe)
     c8, p8 = K.stored_kv("fp8", kv_c, pe)
     assert c8.dtype == torch.float64 and not torch.equal(c8, kv_c)
@@ -312,7 +313,8 @@ def test_fp8kv_tolerances_widen_the_bf16_ones_downstream_of_the_cache_and_say_so
                 assert t is base[name], name
     # only what reads the cached latent, and what follows it, is widened
     assert all(ORDER.index(n) >= ORDER.index("attn.core") for n in KV_CACHE_FP8_ATOL)
-    assert tolerance_table("bf16", "fp8")["attn.kv_cache"].atol == 0 == tolerance_table("bf16", "fp8")["attn.kv_cache"].rtol
+    kv_tol = tolerance_table("bf16", "fp8")["attn.kv_cache"]
+    assert kv_tol.atol == 0 == kv_tol.rtol
     with pytest.raises(KeyError, match="fp8_e5m2"):
         tolerance_table("bf16", "fp8_e5m2")
 

@@ -99,7 +99,8 @@ def _reference_runs_once():
         # every input of the replay is in the key: a test that hands in other weights or inputs
         # for the same case (a planted change) gets its own replay, never a cached one
         runs = once("replay", _digest(case, hf, cfg, weights, prod, first),
-                    lambda: dataclasses.replace(real_replay(case, hf, cfg, weights, prod, first), weights_on_device=None))
+                    lambda: dataclasses.replace(real_replay(case, hf, cfg, weights, prod, first),
+                                                weights_on_device=None))
         # the weights the judge handed in (layer_policy replays on them), not a copy
         return dataclasses.replace(runs, weights_on_device=weights if runs.device == "cpu" else
                                    {k: v.to(runs.device) for k, v in weights.items()})

@@ -1,4 +1,5 @@
-"""harness.ci_speed.xdist_schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real scheduler)."""
+"""harness.ci_speed.xdist_schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real
+scheduler)."""
 
 from __future__ import annotations
 
@@ -152,7 +153,6 @@ def test_a_worker_learns_the_controllers_dist_mode_from_its_workerinput():
     ``setup_config``), so the reorder hook cannot read the mode there: the speed plugin's
     ``pytest_configure_node`` (run by the controller for each worker it starts) puts it in the
     worker's input. Without it a GPU run's timeline showed the tier in collection order."""
-    import importlib.util
     import types
 
     from xdist.remote import setup_config

@@ -42,7 +42,8 @@ def test_a_recorded_run_summarizes_per_process(tmp_path, monkeypatch):
     s = timeline.summarize(str(tmp_path))
     gw0, gw1, main = (s["processes"][k] for k in ("gw0", "gw1", "main"))
     assert (gw0["process_s"], gw0["configured_s"], gw0["collected_s"], gw0["first_test_s"]) == (2.0, 7.0, 15.0, 16.0)
-    assert (gw0["tests"], gw0["busy_s"], gw0["idle_s"], gw0["last_finish_s"], gw0["last_test"]) == (2, 13.0, 2.0, 31.0, "b")
+    assert ((gw0["tests"], gw0["busy_s"], gw0["idle_s"], gw0["last_finish_s"], gw0["last_test"])
+            == (2, 13.0, 2.0, 31.0, "b"))
     assert (gw1["tests"], gw1["busy_s"], gw1["idle_s"], gw1["last_finish_s"]) == (1, 28.0, 0.0, 45.0)
     assert main["tests"] == 0 and main["process_s"] == 0.0 and main["end_s"] == 46.0
     assert s["critical"] == "gw1"

@@ -189,7 +189,8 @@ def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, 
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'torch':\n"
             "            pre = os.path.join(sys.pycache_prefix or '', jit_cache.PRECOMPILED)\n"
-            "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, os.path.exists(pre), flush=True)\n"
+            "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, os.path.exists(pre),"
+            " flush=True)\n"
             "            os._exit(0)\n"
             "sys.meta_path.insert(0, Stop())\n"
             f"sys.argv = [{module!r}, *{argv!r}]\n"
@@ -201,7 +202,8 @@ def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, 
         env.pop(var, None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     precompiled = argv == ["main"]  # the commands with their own parser (engine, ...) leave it to their callers
-    assert f"PREFIX {root / 'pycache'} False {precompiled}" in out.stdout, (module, out.stdout[-500:], out.stderr[-1500:])
+    assert f"PREFIX {root / 'pycache'} False {precompiled}" in out.stdout, \
+        (module, out.stdout[-500:], out.stderr[-1500:])
 
 
 def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
@@ -356,8 +358,8 @@ def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
 
 def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     """A graph case's capture, torch.compile and draft-decode kernels are built by no eager engine:
-    the default warmup builds the eager engine case, every bisect-check engine case and every graph-mode engine case, each its
-    own family (its own lane when lanes allow), so no tier, bisect or mutant run compiles after it."""
+    the default warmup builds the eager engine case, every bisect-check engine case and every graph-mode engine case,
+    each its own family (its own lane when lanes allow), so no tier, bisect or mutant run compiles after it."""
     import argparse
 
     from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE, _lane_command, engines_of, plan_lanes
@@ -409,7 +411,8 @@ def failed_lanes_beside_a_slow_prefetch():
     from harness.ci_speed import warmup
     from harness.exitcodes import CannotJudge
 
-    lanes = [{"cases": [], "engines": [warmup.DEFAULT_ENGINE_CASE]}, {"cases": ["tiny-k2-fp8-split-long"], "engines": []}]
+    lanes = [{"cases": [], "engines": [warmup.DEFAULT_ENGINE_CASE]},
+             {"cases": ["tiny-k2-fp8-split-long"], "engines": []}]
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(warmup.PREFETCH, "slow", (lambda cases, engine: True, "import time; time.sleep(120)"))
         t0 = time.perf_counter()

@@ -16,6 +16,6 @@ forward recorded, then replayed by the float64 reference and the speculator's bo
 
 May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case_inputs``,
 ``harness.production.module`` (build, audit, capture, vllm_config) and
-``harness.production.judging``; never ``harness.commands`` or ``harness.mutants``. ``draft_replay.py``, ``recording.py`` and
-``bookkeeping.py`` never import vLLM.
+``harness.production.judging``; never ``harness.commands`` or ``harness.mutants``. ``draft_replay.py``,
+``recording.py`` and ``bookkeeping.py`` never import vLLM.
 """

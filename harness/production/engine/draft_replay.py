@@ -249,7 +249,8 @@ def _replay_call(cfg, shards, full: DraftCall, cache, registry, num, force, shar
             rows = new_index[s]
             if bool((rows < 0).any()):
                 raise ValueError(f"a sampled row is a rejected row: sample_rows {s.tolist()}, "
-                                 f"last_token_indices {None if full.last_token_indices is None else full.last_token_indices.tolist()}")
+                                 "last_token_indices "
+                                 f"{None if full.last_token_indices is None else full.last_token_indices.tolist()}")
     res, compacted = _replay_rows(cfg, shards, call, cache, request, layer, num, force, shared_rows, rows)
     res.rows = None if call is full else keep
     if rows is not None and "final_norm" in res.trace:
@@ -434,7 +435,8 @@ def run_facts(calls: list[DraftCall], proposals: list[dict] | None = None, multi
                 if qsl[r + 1] == qsl[r]:
                     continue
                 if call.draft_step == 0:
-                    seq_len_disagree += int(int(call.seq_lens[r]) - (qsl[r + 1] - qsl[r]) != int(call.positions[qsl[r]]))
+                    seq_len_disagree += int(int(call.seq_lens[r]) - (qsl[r + 1] - qsl[r])
+                                            != int(call.positions[qsl[r]]))
                 else:
                     seq_len_disagree += int(int(call.seq_lens[r]) != int(call.positions[qsl[r + 1] - 1]) + 1)
     hist: dict[int, int] = {}

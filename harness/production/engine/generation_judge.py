@@ -54,7 +54,8 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
             f"qsl={c.query_start_loc.tolist()[:9]} keys={c.request_keys.tolist()} pos[{span}] "
             f"seq_lens={None if c.seq_lens is None else c.seq_lens.tolist()} last_token_indices={lti} "
             f"sample_rows={None if c.sample_rows is None else c.sample_rows.tolist()} "
-            f"tokens={None if c.tokens is None else c.tokens.tolist()} topk={'yes' if c.topk_rows is not None else 'no'}")
+            f"tokens={None if c.tokens is None else c.tokens.tolist()} "
+            f"topk={'yes' if c.topk_rows is not None else 'no'}")
     book = (bookkeeping.check(calls, targets, multi_module=multi_module, num_layers=cfg.num_mtp_layers,
                               max_model_len=max_model_len, prompts=prompts,
                               output_lens=[len(g) for g in generated] if generated is not None else None)
@@ -414,7 +415,7 @@ def _read_recording(stem: str):
         return calls, proposals, doc, meta, case_from_dict(meta["case"])
     except CLIError:
         raise
-    except Exception as exc:  # noqa: BLE001 - json, safetensors (SafetensorError is no OSError), keys
+    except Exception as exc:  # json, safetensors (SafetensorError is no OSError), keys
         raise CLIError(f"{stem}.json / .safetensors: not a readable engine recording: "
                        f"{exc.__class__.__name__}: {first_line(exc)}") from exc
 

@@ -124,7 +124,8 @@ def load_recording(path_stem: str) -> tuple[list[DraftCall], list[dict], dict]:
     if doc.get("target_meta"):
         from harness.production.engine.bookkeeping import TargetCall
 
-        doc["targets"] = [TargetCall(m["engine_step"], **{f: tensors.get(f"target{j:05d}.{f}") for f in _TARGET_TENSORS})
+        doc["targets"] = [TargetCall(m["engine_step"],
+                                     **{f: tensors.get(f"target{j:05d}.{f}") for f in _TARGET_TENSORS})
                           for j, m in enumerate(doc["target_meta"])]
     props = []
     for j, m in enumerate(doc["proposal_meta"]):

@@ -122,7 +122,7 @@ def build_llm(hf_config: dict, case: EngineCase, *, log=print):
     try:
         llm = LLM(**kw)
         fallback = None
-    except Exception as exc:  # noqa: BLE001 - only a compile failure is retried
+    except Exception as exc:  # only a compile failure is retried
         text = f"{exc.__class__.__name__}: {exc}"
         if not case.graphs or not any(k in text for k in _COMPILE_ERRORS):
             raise
@@ -173,7 +173,8 @@ def sharing_facts(draft, target) -> dict:
     d_buf = getattr(inner, "topk_indices_buffer", None)
     t_buf = getattr(t_inner, "topk_indices_buffer", None)
     return {
-        "embed_tokens_is_target's": t_inner is not None and inner.embed_tokens is getattr(t_inner, "embed_tokens", None),
+        "embed_tokens_is_target's": (t_inner is not None
+                                     and inner.embed_tokens is getattr(t_inner, "embed_tokens", None)),
         "lm_head_is_target's": t_head is not None and all(h is t_head for h in heads),
         "topk_buffer_is_target's": (d_buf is not None and t_buf is not None
                                     and d_buf.data_ptr() == t_buf.data_ptr()),

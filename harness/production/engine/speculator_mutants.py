@@ -1,8 +1,8 @@
 """Planted bugs in vLLM's MTP speculator (Python-level patches, as an upstream commit would make).
 
 Each mutant patches a class or module attribute of vLLM's V2 speculators
-(``vllm/v1/worker/gpu/spec_decode/``, reached through ``harness.production.vllm_compat``) in this process, before the engine is built,
-and names the engine case that must catch it and the quantity the first failing
+(``vllm/v1/worker/gpu/spec_decode/``, reached through ``harness.production.vllm_compat``) in this process, before
+the engine is built, and names the engine case that must catch it and the quantity the first failing
 line must name. Nothing on disk changes. Used by ``python -m harness engine
 --mutant NAME`` (or ``HYV4_SPECULATOR_MUTANT=NAME``, which ``bisect-check`` passes on
 to its engine runs) and by ``python -m harness mutants --speculator``.
@@ -300,14 +300,16 @@ def run_catalogue(names=None, *, report: str | None = None, log=print) -> dict:
     for case in cases:
         rows[f"control:{case}"] = r = bisect(case, None)
         r["ok"] = r["exit"] == 0
-        log(f"{'ok  ' if r['ok'] else 'BAD '} control {case}: exit {r['exit']} ({r['wall_s']} s) {r['first_problem'][:200]}")
+        log(f"{'ok  ' if r['ok'] else 'BAD '} control {case}: exit {r['exit']} ({r['wall_s']} s) "
+            f"{r['first_problem'][:200]}")
     for n in names:
         m = MUTANTS[n]
         rows[n] = r = bisect(m.case, n)
         r["caught"] = r["exit"] == 1
         r["named_first"] = m.expect in r["first_problem"]
         r["ok"] = r["caught"] and r["named_first"]
-        log(f"{'ok  ' if r['ok'] else 'MISS'} {n} ({m.case}): exit {r['exit']} ({r['wall_s']} s) first: {r['first_problem'][:240]}")
+        log(f"{'ok  ' if r['ok'] else 'MISS'} {n} ({m.case}): exit {r['exit']} ({r['wall_s']} s) "
+            f"first: {r['first_problem'][:240]}")
     summary = {"mutants": len(names), "caught": sum(rows[n]["caught"] for n in names),
                "named_first": sum(rows[n]["named_first"] for n in names),
                "controls_ok": all(rows[f"control:{c}"]["ok"] for c in cases)}

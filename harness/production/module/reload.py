@@ -180,7 +180,8 @@ def run_reload_case(case, *, session_kw: dict | None = None, plant_withheld: tup
         first = f"run 2 (set B, after the reload): {verdict_b.first_divergent}"
     details = dict(verdict_b.details)
     details["case"] = dataclasses.asdict(case)
-    details["reload"] = {"planted_withheld": list(plant_withheld), "path": "vllm.model_executor.model_loader.reload.inplace.reload_weights (layerwise), "
+    details["reload"] = {"planted_withheld": list(plant_withheld),
+                         "path": "vllm.model_executor.model_loader.reload.inplace.reload_weights (layerwise), "
                                  "applied to the draft model",
                          "stale": problems, "notes": notes, "bound_impl_tensors": state["bound"],
                          "compared": len(fresh_b), "reload_s": state["reload_s"],

@@ -310,7 +310,8 @@ def compare_tp(tpn: Verdict, tp1: Verdict, tols: dict, components: tuple):
     wanted = tuple(components)
     rep = trace_compare.compare_traces(a, e, tols, components=wanted)
     # steps >= 1: only the tokens (their logits serve as the margin for the token check)
-    return trace_compare.Report([r for r in rep.results if r.name.startswith("step0.") or r.name.endswith(".draft_token")])
+    return trace_compare.Report([r for r in rep.results
+                                 if r.name.startswith("step0.") or r.name.endswith(".draft_token")])
 
 
 def summary(res: Verdict) -> dict:
