@@ -5,6 +5,7 @@ the host, the JIT cache root, timelines) is the plugin ``harness.ci_speed.pytest
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -15,19 +16,29 @@ from harness.production.can_run import BackgroundCheck, gpu_device_nodes
 
 pytest_plugins = ["harness.ci_speed.pytest_plugin"]
 
-settings.register_profile(
-    "ci", derandomize=True, max_examples=20, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+# Hypothesis profiles, chosen the plugin's standard way: `--hypothesis-profile NAME` (the plugin's
+# option) or `HYPOTHESIS_PROFILE=NAME` (the variable Hypothesis's settings guide reads); neither
+# set: `ci`, or `gpu` when `-m` selects the GPU tests. No test pins max_examples: the profile
+# decides how many examples every property test runs.
+#   ci       Hypothesis's own `ci` profile (derandomized, no database, no deadline, too_slow
+#            allowed, blobs printed) with 20 examples: the CPU tier, seeded and repeatable.
+#   nightly  2000 examples, randomized, the example database kept: a deep run (no CI job selects it yet).
+#   dev      50 examples: a quick local run.
+#   gpu      `ci` with 3 examples: one example of a GPU property test is a vLLM run (TP=2).
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=20)
 settings.register_profile(
     "nightly", max_examples=2000, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=50, deadline=None, print_blob=True)
+settings.register_profile("gpu", settings.get_profile("ci"), max_examples=3)
+HYPOTHESIS_PROFILES = ("ci", "nightly", "dev", "gpu")
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("hyv4")
     group.addoption("--update-goldens", action="store_true",
-                    help="rewrite goldens/ from this run (fails the run so the diff is reviewed; refused when CI is set: true, 1, yes, ...)")
+                    help="rewrite goldens/ from this run (fails the run so the diff is reviewed; "
+                         "refused when CI is set: true, 1, yes, ...)")
     group.addoption("--require-goldens", action="store_true",
                     help="a production golden missing for this platform fails its test (NOT JUDGED) instead of "
                          "skipping it; .ci/gpu-nightly sets it (env HYV4_REQUIRE_GOLDENS=1 works too)")
@@ -36,23 +47,35 @@ def pytest_addoption(parser):
     group.addoption("--history", metavar="PATH", default=None,
                     help="append this run's GPU verdicts (side-by-side lines, engine reports) to the run history "
                          "at PATH as one gpu-tier run (env HYV4_HISTORY works too; harness.history)")
-    group.addoption("--hypothesis-profile-name", metavar="NAME", default=None,
-                    help="hypothesis profile: ci (default) or nightly; env HYV4_HYPOTHESIS_PROFILE works too")
 
 
 def _check_environment(config) -> None:
-    """The documented variables (``harness.input_checks.ENVIRONMENT``) and --hypothesis-profile-name:
-    a bad value is one ``ERROR:`` line (a usage error), not an INTERNALERROR traceback."""
+    """The documented variables (``harness.input_checks.ENVIRONMENT``) and the Hypothesis profile
+    (``--hypothesis-profile`` / ``$HYPOTHESIS_PROFILE``): a bad value is one ``ERROR:`` line (a
+    usage error), not an INTERNALERROR traceback."""
     from harness.exitcodes import CLIError
-    from harness.input_checks import HYPOTHESIS_PROFILES, environment
+    from harness.input_checks import environment
 
     try:
-        environment()  # every one harness/env_vars.py documents and input_checks checks (the GPU tests read the engine's too)
+        # every one harness/env_vars.py documents and input_checks checks (the GPU tests read the engine's too)
+        environment()
     except CLIError as exc:
         raise pytest.UsageError(str(exc)) from None
-    name = config.getoption("--hypothesis-profile-name")
-    if name is not None and name not in HYPOTHESIS_PROFILES:
-        raise pytest.UsageError(f"--hypothesis-profile-name {name!r}: must be one of {', '.join(HYPOTHESIS_PROFILES)}")
+    for where, name in (("--hypothesis-profile", config.getoption("--hypothesis-profile", None)),
+                        ("$HYPOTHESIS_PROFILE", os.environ.get("HYPOTHESIS_PROFILE", "").strip() or None)):
+        if name is not None and name not in HYPOTHESIS_PROFILES:
+            raise pytest.UsageError(f"{where}={name!r}: must be one of {', '.join(HYPOTHESIS_PROFILES)}")
+
+
+def _hypothesis_profile(config) -> str:
+    """The profile this run loads before the test modules are imported (their ``@settings`` take
+    what they do not set from it). ``--hypothesis-profile`` is loaded again by Hypothesis's own
+    plugin right after, so it wins over the variable."""
+    name = config.getoption("--hypothesis-profile", None) or os.environ.get("HYPOTHESIS_PROFILE", "").strip()
+    if name:
+        return name
+    markexpr = getattr(config.option, "markexpr", "") or ""
+    return "gpu" if re.search(r"(?<!not )\b(multi)?gpu\b", markexpr) else "ci"
 
 
 @pytest.hookimpl(tryfirst=True)  # before the speed plugin's: a bad variable is a usage error first
@@ -61,9 +84,7 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--update-goldens is refused when CI is set (CI={os.environ.get('CI')!r}): "
                                 "goldens are regenerated on purpose, by a person")
     _check_environment(config)
-    profile = (config.getoption("--hypothesis-profile-name")
-               or os.environ.get("HYV4_HYPOTHESIS_PROFILE") or "ci")
-    settings.load_profile(profile)
+    settings.load_profile(_hypothesis_profile(config))
     _history_configure(config)
 
 

@@ -34,12 +34,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from safetensors import safe_open  # noqa: E402
+from safetensors import safe_open
 
-from harness.checkpoint.loader import load_checkpoint  # noqa: E402
-from harness.checkpoint.synth import synth_config, write_synthetic  # noqa: E402
-from reference.config import MTPConfig  # noqa: E402
-from reference.weights import random_weights  # noqa: E402
+from harness.checkpoint.loader import load_checkpoint
+from harness.checkpoint.synth import synth_config, write_synthetic
+from reference.config import MTPConfig
+from reference.weights import random_weights
 
 GIB = 1 << 30
 _ST = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "U8": 1, "F8_E8M0": 1, "F64": 8}

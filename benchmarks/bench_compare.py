@@ -5,9 +5,9 @@
 The reference's trace of the case (float64, CPU) is the expected side; the actual side is the
 same trace rounded through bf16, as production's trace is. Timed in one process, on the same
 tensors, best of --repeats:
-  compare_traces, finiteness by a sum per tensor (``compare.finite_everywhere``, as shipped)
+  compare_traces, finiteness by a sum per tensor (``trace_compare.finite_everywhere``, as shipped)
   compare_traces, finiteness by ``torch.isfinite(t).all()`` (the check it replaced)
-  the judge's per-key max |d| (``judge._max_abs``), all-finite fast path / always masked (as before)
+  the judge's per-key max |d| (``trace_judge._max_abs``), all-finite fast path / always masked (as before)
 and the ratios. Every variant must give the same results (checked here, and property-tested in
 tests/cpu/test_compare_finite_fast_path.py). The judge runs these on the GPU host's CPU, beside
 the engine subprocesses of a bisect-check.
@@ -40,12 +40,14 @@ def main(argv=None) -> int:
     import torch
 
     import reference as R
-    from harness import compare
-    from harness.production.cases import GPU_CASES, case_inputs
-    from harness.production.verdict import judge
-    from harness.production.verdict.tolerances import tolerances_for
+    from harness import case_registry, trace_compare
+    from harness.production.case_inputs import case_inputs
+    from harness.production.judging import trace_judge
 
-    case = GPU_CASES[args.case]
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    from harness.production.judging.tolerances import tolerances_for
+
+    case = gpu_cases[args.case]
     hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
@@ -56,20 +58,20 @@ def main(argv=None) -> int:
     elements = sum(v.numel() for v in ref.values())
 
     def measure(label: str) -> bool:
-        new_s, new_rep = best(lambda: compare.compare_traces(prod, ref, tols))
-        compare.finite_everywhere = old_check
+        new_s, new_rep = best(lambda: trace_compare.compare_traces(prod, ref, tols))
+        trace_compare.finite_everywhere = old_check
         try:
-            old_s, old_rep = best(lambda: compare.compare_traces(prod, ref, tols))
+            old_s, old_rep = best(lambda: trace_compare.compare_traces(prod, ref, tols))
         finally:
-            compare.finite_everywhere = shipped
+            trace_compare.finite_everywhere = shipped
         same = [dataclasses.asdict(r) for r in new_rep.results] == [dataclasses.asdict(r) for r in old_rep.results]
         keys = sorted(ref)
-        new_m, new_vals = best(lambda: [judge._max_abs(prod[k], ref[k]) for k in keys])
-        judge.finite_everywhere = lambda t: False
+        new_m, new_vals = best(lambda: [trace_judge._max_abs(prod[k], ref[k]) for k in keys])
+        trace_judge.finite_everywhere = lambda t: False
         try:
-            old_m, old_vals = best(lambda: [judge._max_abs(prod[k], ref[k]) for k in keys])
+            old_m, old_vals = best(lambda: [trace_judge._max_abs(prod[k], ref[k]) for k in keys])
         finally:
-            judge.finite_everywhere = shipped
+            trace_judge.finite_everywhere = shipped
         same_m = new_vals == old_vals
         print(f"{label}: torch threads {torch.get_num_threads()}")
         print(f"  compare_traces  isfinite(t).all(): {old_s * 1e3:8.1f} ms   sum check: {new_s * 1e3:8.1f} ms   "
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
             times.append(time.perf_counter() - t)
         return min(times), out
 
-    shipped = compare.finite_everywhere
+    shipped = trace_compare.finite_everywhere
 
     def old_check(t):
         return bool(torch.isfinite(t).all())

@@ -4,8 +4,8 @@
         [--reference-repeats N]
 
 With --reference-repeats N > 0 it also times the float64 reference
-(``reference.draft``, on the CPU or with --reference-device cuda on the same GPU) on the same case in the same run and prints the
-ratio reference / production per draft run (all K steps). With --reference-only
+(``reference.draft``, on the CPU or with --reference-device cuda on the same GPU) on the same case in the same run and
+prints the ratio reference / production per draft run (all K steps). With --reference-only
 only the reference is timed (a host without vLLM: no production figure, no ratio).
 
 Times ``ProductionSession.run`` for all K steps (metadata build by vLLM's
@@ -26,11 +26,11 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-import reference as R  # noqa: E402
-from harness.checkpoint.names import to_checkpoint  # noqa: E402
-from harness.presets import preset  # noqa: E402
+import reference as R
+from harness.checkpoint.names import to_checkpoint
+from harness.presets import preset
 
 
 def _production(a, hf, cfg, first, weights) -> dict:

@@ -50,8 +50,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from harness.ci_speed.pytest_timeline import format_summary, summarize  # noqa: E402  (imports nothing heavy)
 
-STEPS = ("warmup-cold", "bisect-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect", "bisect-graphs",
-         "bisect-profile", "draft-step", "cpu-tier")
+STEPS = ("warmup-cold", "bisect-cold", "warmup-warm", "warmup-kept", "tier", "main-cold", "main", "bisect",
+         "bisect-graphs", "bisect-profile", "draft-step", "cpu-tier")
 # the GPU tier's time targets, seconds (draft-step: the reference/production ratio); tier_cold_s
 # (warmup from empty + tier) and bisect_warm_s are the figures vLLM 0.33.0 must not regress from
 TARGETS = {"tier_cold_s": 214.0, "tier_warm_s": 120.0, "main_cold_s": 60.0, "main_warm_s": 20.0, "bisect_warm_s": 24.0,
@@ -150,12 +150,14 @@ def main(argv=None) -> int:
             junit = out / "tier-junit.xml"
             evidence = out / "tier-evidence"  # per-test JSON/JSONL: engine reports, mutant lines
             evidence.mkdir(exist_ok=True)
-            timeline = out / "tier-timeline"  # per process: start-up, collection, busy, idle (harness.ci_speed.pytest_timeline)
+            # per process: start-up, collection, busy, idle (harness.ci_speed.pytest_timeline)
+            timeline = out / "tier-timeline"
             shutil.rmtree(timeline, ignore_errors=True)
             tier_env = {"HYV4_GPU_OUT": str(evidence), "HYV4_REPORT_DIR": str(evidence), "HYV4_TIMELINE": str(timeline),
                         **env}
-            rc, secs = _run([py, "-m", "pytest", "-m", "gpu", *(selected or ["tests/gpu"]), "-q", "-p", "no:cacheprovider",
-                             "-rfE", "-n", str(a.workers), "--dist", "worksteal", "--ignore=tests/gpu/test_multigpu.py",
+            rc, secs = _run([py, "-m", "pytest", "-m", "gpu", *(selected or ["tests/gpu"]), "-q",
+                             "-p", "no:cacheprovider", "-rfE", "-n", str(a.workers), "--dist", "worksteal",
+                             "--ignore=tests/gpu/test_multigpu.py",
                              f"--junitxml={junit}"], out / "tier.log", tier_env)
             record("tier", rc, secs, workers=a.workers, tests=a.tests and f"{len(selected)} listed in {a.tests}",
                    first_after_cold_warmup=since_cold == ["warmup-cold"],
@@ -165,8 +167,8 @@ def main(argv=None) -> int:
         elif s == "main-cold":
             cold_env = {**env, "HYV4_JIT_CACHE": str(out / "jit-main-cold")}
             shutil.rmtree(cold_env["HYV4_JIT_CACHE"], ignore_errors=True)
-            rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main-cold.json")], out / "main-cold.log",
-                            cold_env)
+            rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main-cold.json")],
+                            out / "main-cold.log", cold_env)
             record("main-cold", rc, secs)
         elif s == "main":
             rc, secs = _run([py, "-m", "harness", "main", "--report", str(out / "main.json")], out / "main.log", env)

@@ -24,7 +24,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from harness.ci_speed.jit_cache import apply_jit_cache  # noqa: E402
+from harness.ci_speed.jit_cache import apply_jit_cache  # noqa: E402 - importable once ROOT is on sys.path
 
 apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harness` does (the eager twin inherits it)
 
@@ -32,12 +32,13 @@ apply_jit_cache()  # $HYV4_JIT_CACHE before vLLM is imported, as `python -m harn
 def _eager_twin(case_id: str) -> dict:
     """Build + judge the case with ``graphs=False`` in its own process: (build_s, generate_s, passed)."""
     code = ("import dataclasses, json, sys, time\n"
-            "from harness.production.engine.cases import ENGINE_CASES\n"
-            "from harness.production.engine.judge import generate_and_judge\n"
+            "from harness.case_registry import spec\n"
+            "from harness.production.engine.generation_judge import generate_and_judge\n"
             "from harness.production.engine.session import build_session\n"
-            f"case = dataclasses.replace(ENGINE_CASES[{case_id!r}], graphs=False)\n"
+            f"case = dataclasses.replace(spec({case_id!r}, kind='engine'), graphs=False)\n"
             "t = time.perf_counter(); s = build_session(case, log=lambda *a, **k: None); b = time.perf_counter() - t\n"
-            "t = time.perf_counter(); r = generate_and_judge(s, log=lambda *a, **k: None); g = time.perf_counter() - t\n"
+            "t = time.perf_counter(); r = generate_and_judge(s, log=lambda *a, **k: None);"
+            " g = time.perf_counter() - t\n"
             "print('RESULT', json.dumps({'build_s': b, 'judge_s': g, 'passed': r['passed'],"
             " 'problems': r['problems'][:2], 'generate_s': r['timing_s']['generate']}))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -53,20 +54,21 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    from harness.production.engine.cases import ENGINE_CASES
-    if args.case not in ENGINE_CASES or not ENGINE_CASES[args.case].graphs:
+    from harness import case_registry
+    engine_cases = case_registry.specs(kind="engine")
+    if args.case not in engine_cases or not engine_cases[args.case].graphs:
         print(f"error: --case {args.case}: not a graph-mode engine case "
-              f"({', '.join(c for c, e in ENGINE_CASES.items() if e.graphs)})", file=sys.stderr)
+              f"({', '.join(c for c, e in engine_cases.items() if e.graphs)})", file=sys.stderr)
         return 2
     from harness.production.can_run import cannot_run_engine_reason
     reason = cannot_run_engine_reason()
     if reason:
         print(f"cannot judge: {reason}")
         return 125
-    from harness.production.engine.judge import generate_and_judge
+    from harness.production.engine.generation_judge import generate_and_judge
     from harness.production.engine.session import build_session
 
-    case = ENGINE_CASES[args.case]
+    case = engine_cases[args.case]
     quiet = lambda *a, **k: None  # noqa: E731
     t = time.perf_counter()
     sess = build_session(case, log=quiet)
@@ -88,7 +90,8 @@ def main(argv=None) -> int:
     eager = generate_and_judge(sess, log=quiet, eager_drafter=True)
     eager_row = {"judge_s": time.perf_counter() - t, "generate_s": eager["timing_s"]["generate"],
                  "passed": eager["passed"], "problems": eager["problems"][:3],
-                 "acceptance": {k: f"{v['accepted']}/{v['drafted']}" for k, v in (eager.get("acceptance") or {}).items()}}
+                 "acceptance": {k: f"{v['accepted']}/{v['drafted']}"
+                                for k, v in (eager.get("acceptance") or {}).items()}}
     print(f"drafter forced eager: {'PASS' if eager['passed'] else 'FAIL: ' + eager['problems'][0][:300]} "
           f"({eager_row['judge_s']:.1f} s)", flush=True)
     del sess
@@ -97,7 +100,8 @@ def main(argv=None) -> int:
            "build_s": build_s, "runs": runs, "eager_drafter": eager_row, "eager_twin": twin}
     warm = [r["judge_s"] for r in runs[1:]] or [runs[0]["judge_s"]]
     print(f"compilation: {json.dumps(rep.get('compilation'))}")
-    print(f"graph-mode build (incl. capture) {build_s:.1f} s; eager twin build {twin.get('build_s', float('nan')):.1f} s "
+    print(f"graph-mode build (incl. capture) {build_s:.1f} s; "
+          f"eager twin build {twin.get('build_s', float('nan')):.1f} s "
           f"(ratio {build_s / twin['build_s']:.2f})" if "build_s" in twin else f"eager twin: {twin}")
     print(f"one graph-mode verdict warm: {min(warm):.1f}-{max(warm):.1f} s; first {runs[0]['judge_s']:.1f} s; "
           f"drafter-eager re-run {eager_row['judge_s']:.1f} s"

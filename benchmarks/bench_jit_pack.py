@@ -144,7 +144,8 @@ def install(bundles: dict, out: pathlib.Path, env: dict, res: dict, failed: list
         shutil.rmtree(venv, ignore_errors=True)
         rc, secs, last = _run(["bash", str(ROOT / "tools" / "offline-bundle" / "install.sh"), str(parts), str(venv)],
                               out / name / "install.log",
-                              {**env, "HYV4_BUNDLE_STORE": str(store), "HYV4_JIT_CACHE": str(out / name / "jit-install")})
+                              {**env, "HYV4_BUNDLE_STORE": str(store),
+                               "HYV4_JIT_CACHE": str(out / name / "jit-install")})
         res.setdefault(name, {})["install"] = {"rc": rc, "seconds": round(secs, 1), "last_line": last}
         print(f"{name} install: exit {rc}, {secs:.1f} s: {last}", flush=True)
         if rc != 0:
@@ -181,7 +182,8 @@ def print_table(res: dict, link_mb_s: float) -> None:
         print(f"    without the pack: bisect-check {cell(bare)}  -> first verdict {cell(without)}")
         print(f"    with the pack:    transfer ~{cell(transfer)} + restore {cell(restore)} + bisect-check "
               f"{cell(restored)}  -> first verdict {cell(with_)}"
-              + (f"  ({with_ / without:.2f}x of without; target {'met' if with_ <= TARGET_FIRST_VERDICT_S else 'MISSED'})"
+              + (f"  ({with_ / without:.2f}x of without; "
+                 f"target {'met' if with_ <= TARGET_FIRST_VERDICT_S else 'MISSED'})"
                  if with_ and without else ""))
         print(f"    JIT modules compiled by bisect-check after the restore: "
               f"{(r.get('restored') or {}).get('jit_files_compiled', '-')} (0: nothing compiled) "
@@ -192,8 +194,9 @@ def print_table(res: dict, link_mb_s: float) -> None:
         if "tier-bare" in r:
             tb, tr, trr = sec(r, "tier-bare"), sec(r, "tier-restore"), sec(r, "tier-restored")
             with_tier = None if None in (tr, trr) else tr + trr
-            print(f"    full GPU tier after install (target {TARGET_TIER_S:.0f} s): without the pack {cell(tb)}, with it "
-                  f"{cell(with_tier)} (restore {cell(tr)})" + (f"  ({with_tier / tb:.2f}x)" if tb and with_tier else ""))
+            print(f"    full GPU tier after install (target {TARGET_TIER_S:.0f} s): "
+                  f"without the pack {cell(tb)}, with it {cell(with_tier)} (restore {cell(tr)})"
+                  + (f"  ({with_tier / tb:.2f}x)" if tb and with_tier else ""))
 
 
 def main(argv=None) -> int:

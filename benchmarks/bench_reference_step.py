@@ -18,10 +18,10 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from harness.presets import preset  # noqa: E402
-from reference import DraftCache, MTPConfig, draft, make_case, numerics_by_name, random_weights  # noqa: E402
+from harness.presets import preset
+from reference import DraftCache, MTPConfig, draft, make_case, numerics_by_name, random_weights
 
 
 def _sync(device: str) -> None:

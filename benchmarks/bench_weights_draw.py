@@ -4,7 +4,7 @@
 
 Prints, in one run, the wall time of ``reference.random_weights`` with ``draw="stream"`` and
 ``draw="per-tensor"`` at one preset, the parameter count and the ratio. The per-tensor draw is
-what ``real-dims-k2`` uses (harness.production.cases): its one serial stream of 1.8 G float64
+what ``real-dims-k2`` uses (harness.case_registry): its one serial stream of 1.8 G float64
 draws was the GPU tier's critical path on the host CPU.
 """
 
@@ -19,10 +19,10 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-import reference as R  # noqa: E402
-from harness.presets import preset  # noqa: E402
+import reference as R
+from harness.presets import preset
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""cProfile one ``python -m harness`` command, started the way ``python -m harness`` starts it
-(or, with ``engine``, one ``python -m harness.production.engine`` run, started as that starts).
+"""cProfile one ``python -m harness`` command (``engine`` included), started the way
+``python -m harness`` starts it.
 
     python benchmarks/profile_command.py OUT_PREFIX COMMAND [ARGS...]
     e.g. python benchmarks/profile_command.py /tmp/bisect bisect-check --report /tmp/bisect.json
@@ -34,21 +34,11 @@ def main(argv: list[str]) -> int:
     prof.enable()
     from harness.ci_speed.startup_gc import defer_gc
 
-    if args[0] == "engine":  # as harness/production/engine/__main__.py starts
-        from harness.ci_speed.jit_cache import apply_jit_cache
+    defer_gc()  # as harness/__main__.py starts every command, the engine included
+    from harness.ci_speed import model_info_prefetch  # its import starts the prefetch, as in __main__
+    from harness.cli import main as harness_main
 
-        apply_jit_cache()
-        defer_gc()
-        from harness.ci_speed import model_info_prefetch
-        from harness.commands.engine import main as engine_main
-
-        code = engine_main(args[1:])
-    else:
-        defer_gc()
-        from harness.ci_speed import model_info_prefetch  # its import starts the prefetch, as in __main__
-        from harness.cli import main as harness_main
-
-        code = harness_main(args)
+    code = harness_main(args)
     prof.disable()
     prof.dump_stats(prefix + ".pstats")
     with open(prefix + ".txt", "w") as f:

@@ -1,27 +1,24 @@
 """The case registry: one record per named case, whatever runs it (in the manner of PyTorch's
-OpInfo and ``harness.components``). Every list of cases is derived from ``REGISTRY``:
+OpInfo and ``harness.components``), and the only list of cases. Every set of cases is a query of
+it, written where it is used:
 
-  harness.cases.CASES / GOLDEN_CASES                 kind "reference": the reference goldens
-  harness.production.cases.GPU_CASES                 kind "module", without role "probe"
-  harness.production.cases.PROBE_CASES               role "probe"
-  harness.production.cases.BISECT_CASES              kind "module", role "bisect": bisect-check's
-    (= commands.compare.DEFAULT_BISECT_CASES)        side-by-side set, in its report order
-  harness.production.goldens.goldens_gpu.GOLDEN_CASES  kind "module", role "golden"
-  harness.production.cases.FP8_CASE_IDS              role "fp8"
-  harness.production.cases.MODELOPT_CASE_IDS         role "modelopt"
-  harness.production.cases.CT_CASE_IDS               role "compressed-tensors"
-  harness.production.cases.RELOAD_CASE_IDS           kind "module", role "reload"
-  harness.production.engine.cases.RELOAD_ENGINE_CASES  kind "engine", role "reload"
-  harness.production.engine.cases.ENGINE_CASES       kind "engine"
-  harness.commands.compare.DEFAULT_BISECT_ENGINE_CASES  kind "engine", role "bisect"
-  harness.commands.compare.GRAPH_BISECT_ENGINE_CASES    role "graph-bisect"
-  harness.commands.compare.REFERENCE_ONLY_BISECT_CASES  role "reference-bisect"
-  harness.commands.compare.CT_BISECT_CASES / RELOAD_BISECT_CASES  roles "ct-bisect" / "reload-bisect"
+  ids(role=..., kind=...)       the case ids of a role / kind, in the role's order (``order``)
+  specs(role=..., kind=...)     {id: spec} of the same records
+  records(...)                  the records themselves
+  spec(case_id, kind=...)       one case's spec; ``KeyError`` naming the known ids
 
-A record is the case's id, its kind, its roles, the regimes it is chosen for and its parameters
-(``spec``: a ``Case``, ``GpuCase`` or ``EngineCase``, the per-kind payload the runners read).
-Adding a case is one record here; ``tests/cpu/test_case_registry.py`` pins every derived list (ids
-and order) and states the invariants they keep.
+  e.g. the module cases every single-GPU command lists: ``specs(kind="module", without="probe")``;
+  bisect-check's side-by-side set, in its report order: ``ids(role="bisect", kind="module")``;
+  the multi-GPU test's cases on N GPUs: ``records(role="tp", max_gpus=N)``.
+
+A record is the case's id, its kind, its roles, the regimes it is chosen for, the GPUs it needs
+and its parameters (``spec``: a ``Case``, ``GpuCase`` or ``EngineCase`` of ``harness.case_specs``,
+the per-kind payload the runners read). Each field with a closed set of values is a ``Literal``
+type, and a record checks itself when it is built (``CaseRecord.__post_init__``): a record that
+breaks a rule (an unknown role, a role its kind cannot hold, a spec that contradicts its role)
+fails at import, naming the case and what to do. Adding a case is one record here (plus its
+goldens where it is a golden case); ``tests/cpu/test_case_registry.py`` holds the invariants the
+queries keep, not the ids.
 
 Torch-free (``harness warmup`` and ``compare`` check a case id, exit 2, before anything heavy is
 imported): ``reference`` and the presets are imported only when a case's inputs are made.
@@ -30,16 +27,27 @@ imported): ``reference`` and the presets are imported only when a case's inputs 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from types import MappingProxyType
-from typing import Mapping
+from typing import Literal, Mapping
+
+from harness.case_specs import Case, EngineCase, GpuCase
+from harness.record_checks import RecordError, all_of, choices, one_of
+
+__all__ = ["BY_ID", "Case", "CaseRecord", "EngineCase", "GpuCase", "KINDS", "REGISTRY", "ROLES", "ids", "records",
+           "spec", "specs"]
+
+Kind = Literal["reference", "module", "engine"]
+Role = Literal["golden", "bisect", "graph-bisect", "reference-bisect", "ct-bisect", "reload-bisect", "fp8",
+               "modelopt", "fp8-kv", "compressed-tensors", "reload", "probe", "tp"]
 
 KINDS: Mapping[str, str] = MappingProxyType({
-    "reference": "the eager reference alone, against its goldens (``harness.golden_check``)",
+    "reference": "the eager reference alone, against its goldens (``harness.goldens.reference``)",
     "module": "vLLM's HYV4MTP module side by side with the reference (``production.module``)",
     "engine": "vLLM's speculator in a ``vllm.LLM``, replayed by the reference (``production.engine``)",
 })
+
+# the spec type of each kind
+SPEC_TYPES: Mapping[str, type] = MappingProxyType({"reference": Case, "module": GpuCase, "engine": EngineCase})
 
 ROLES: Mapping[str, str] = MappingProxyType({
     "golden": "the goldens' case set: reference goldens (kind reference), production goldens and host "
@@ -60,160 +68,101 @@ ROLES: Mapping[str, str] = MappingProxyType({
               "reload with set B (every tensor changed), run again and judged against set B; every parameter "
               "compared with a fresh load of set B (side_by_side --reload, the engine's reload cases)",
     "probe": "configs the SM90 kernels refuse (documenting the constraint; expected to raise); "
-             "not among GPU_CASES",
+             "not among the cases a command runs by default",
+    "tp": "tensor parallelism: tests/gpu/test_multigpu.py runs it at TP = N against TP = 1 and the reference "
+          "(a case of ``gpus`` N > 1 is written for TP = N and is in no single-GPU list)",
 })
 
+# the kinds that may hold each role (a role's lists are read by one tier's commands)
+ROLE_KINDS: Mapping[str, tuple] = MappingProxyType({
+    "golden": ("reference", "module"), "bisect": ("module", "engine"), "graph-bisect": ("engine",),
+    "fp8-kv": ("module", "engine"), "reload": ("module", "engine"),
+    **{r: ("module",) for r in ("reference-bisect", "ct-bisect", "reload-bisect", "fp8", "modelopt",
+                                "compressed-tensors", "probe", "tp")},
+})
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """A reference case (kind "reference"): the reference alone, against its goldens."""
+if set(KINDS) != set(choices(Kind)) or set(ROLES) != set(choices(Role)) or set(ROLE_KINDS) != set(ROLES):
+    raise RecordError("harness.case_registry: Kind / Role, KINDS / ROLES and ROLE_KINDS name different sets; "
+                      "declare a kind or role in all of them")
 
-    id: str
-    preset: str
-    overrides: tuple = ()  # ((key, value), ...) applied to the preset's HF dict
-    seed: int = 0
-    requests: int = 2
-    tokens: int = 6
-    steps: int = 2
-
-    def hf_config(self) -> dict:
-        from harness.presets import preset
-        return preset(self.preset, **dict(self.overrides))
-
-    def config(self):
-        from reference import MTPConfig
-        return MTPConfig.from_hf_dict(self.hf_config())
-
-    def weights(self):
-        from reference import random_weights
-        return random_weights(self.config(), self.seed)
-
-    def first_step(self):
-        from reference import make_case
-        return make_case(self.config(), self.seed, self.requests, self.tokens)
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuCase:
-    """A side-by-side case (kind "module"): a preset or checkpoint directory, inputs, steps,
-    quantization."""
-
-    id: str
-    preset: str = "tiny"
-    overrides: tuple = ()
-    seed: int = 0
-    requests: int = 2
-    tokens: int = 8
-    steps: int = 2
-    naming: str = "mtp_layers"
-    experts: str = "split"
-    # checkpoint quantization (harness.checkpoint.options.QUANTS): "bf16", "fp8"
-    # (block FP8, float32 weight_scale_inv) or "fp8-ue8m0" (power-of-two scales)
-    quant: str = "bf16"
-    # FP8 routed-expert scale names: "weight_scale_inv" (fused: _scale_inv) or
-    # "scale" (vLLM renames .scale -> .weight_scale_inv, uint8 bytes -> e8m0)
-    expert_scale_suffix: str = "weight_scale_inv"
-    # substrings of post-load audit problems that are known production issues:
-    # such a case loads non-strictly and the test accepts exactly those problems
-    known_audit: tuple = ()
-    # a checkpoint directory (``harness.checkpoint.loader``): its config and
-    # weights replace preset/overrides; seed/requests/tokens still make the inputs
-    ckpt_dir: str | None = None
-    # how the seeded weights are drawn (``reference.weights.random_weights``): "stream" (the
-    # goldens' one generator) or "per-tensor" (threads; for real dims, where the one serial
-    # stream of 1.8 G float64 draws was the GPU tier's critical path)
-    weights_draw: str = "stream"
-    # modelopt-fp8-pb: MTP layers the checkpoint excludes whole (exclude_modules "<layer>.*")
-    bf16_layers: tuple = ()
-    # module names (``named_modules``) vLLM must build unquantized: the proof that the case
-    # went through the config's exclusion path (checked after loading, see side_by_side)
-    expect_unquantized: tuple = ()
-    # vLLM's --kv-cache-dtype: "auto" (bf16) or "fp8" (HY V4's sparse layers store the packed
-    # fp8_ds_mla rows; the reference reads the same FP8 latent back: reference.kv_cache)
-    kv_cache_dtype: str = "auto"
-    # compressed-tensors: how the ignore list names the MTP modules kept bf16
-    # (``harness.checkpoint.quant.ct_ignore``: "regex" or "checkpoint-names")
-    ct_ignore: str = "regex"
-    # known vLLM gaps the case exists to show: ((substring of the first audit problem, why), ...).
-    # The verdict stays a failure (exit 1, the gap named first); the GPU test asserts it is this one
-    # and that nothing else failed, or that the case passes (vLLM fixed)
-    upstream_gaps: tuple = ()
-    # reload: the seed of weight set B (None: no reload). Set A is ``seed``; the first step's inputs
-    # of each run are made from its set's seed
-    reload_seed: int | None = None
-
-    def hf_config(self) -> dict:
-        """The preset's config with the overrides (no quantization fields: see ``case_inputs``),
-        or the checkpoint's ``config.json``."""
-        if self.ckpt_dir:
-            with open(os.path.join(self.ckpt_dir, "config.json")) as f:
-                return json.load(f)
-        from harness.presets import preset
-        return preset(self.preset, **dict(self.overrides))
-
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineCase:
-    """An engine case (kind "engine"): which ``vllm.LLM`` the engine tier makes."""
-
-    id: str
-    overrides: tuple = ()
-    preset: str = "tiny"
-    seed: int = 0
-    num_speculative_tokens: int = 3
-    prompt_lens: tuple = (200, 37, 150)  # one longer than index_topk (128): the indexer's choice matters
-    max_tokens: int = 32
-    gpu_memory_utilization: float = 0.3
-    # "dummy": vLLM's dummy-weight target (drafts never accepted); "acceptance": the
-    # target edited in place to continue with a token permutation the draft predicts
-    # per request at a controlled rate (harness.production.engine.acceptance)
-    target: str = "dummy"
-    patterns: tuple = ()  # acceptance: one pattern of acceptance.PATTERNS per prompt
-    # acceptance rate bounds per pattern the run must show (min, max), engine-measured
-    expect_rates: tuple = ()
-    # substrings of post-load audit problems that are known vLLM 0.33 issues (reported, accepted)
-    known_audit: tuple = ()
-    # what the harness must find where vLLM picks a speculator that does not do what the
-    # checkpoint asks: (proposer class substring, substring of the first problem, why). The
-    # verdict stays a failure (exit 1); the GPU test asserts it is this one
-    upstream_gaps: tuple = ()
-    # False: enforce_eager (every draft forward tapped); True: the compilation configuration
-    # ``vllm serve`` uses by default on the installed release (CUDA graphs; vLLM decides whether
-    # torch.compile runs), judged through ``graph_tap``
-    graphs: bool = False
-    # graphs: the draft-decode paths (harness.production.engine.graph_regimes.GRAPH_REGIMES) the
-    # case is for; the verdict fails, naming the regime, when vLLM did not run one of them
-    graph_regimes: tuple = ()
-    # vLLM's --kv-cache-dtype for the whole engine (target and draft): "auto" or "fp8"
-    # (fp8_ds_mla rows on the sparse layers; the replay reads the FP8 latent back: reference.kv_cache)
-    kv_cache_dtype: str = "auto"
-    # reload: the seed of the drafter's weight set B (None: no reload). The engine generates with set A
-    # (``seed``), reloads the drafter in place through vLLM's layerwise reload with set B, generates
-    # again and judges that generation against the reference built from set B
-    reload_seed: int | None = None
+_QUANT_ROLES = {"fp8": ("fp8", "fp8-ue8m0"), "modelopt": ("modelopt-fp8-pb",),
+                "compressed-tensors": ("compressed-tensors-fp8", "compressed-tensors-fp8-block")}
 
 
 @dataclasses.dataclass(frozen=True)
 class CaseRecord:
-    """One named case.
+    """One named case, checked when it is built (``__post_init__``: a broken record fails at import).
 
     kind     which tier runs it (``KINDS``): "reference", "module" or "engine"
-    spec     its parameters, the per-kind payload the runners read: ``Case`` (reference),
-             ``GpuCase`` (module), ``EngineCase`` (engine); ``spec.id`` is the case id
-    roles    the derived lists it belongs to (``ROLES``)
+    spec     its parameters, the per-kind payload the runners read (``SPEC_TYPES``): ``Case``
+             (reference), ``GpuCase`` (module), ``EngineCase`` (engine); ``spec.id`` is the case id
+    roles    the sets it belongs to (``ROLES``; ``ROLE_KINDS``: the kinds that may hold each)
     regimes  the ``harness.regimes`` quantities it was chosen to exercise above their threshold
-             (tests/cpu/test_regimes.py measures it); empty where a case was not chosen for one
+             (tests/cpu/test_regimes.py measures it; tests/cpu/test_case_registry.py checks the names,
+             since harness.regimes imports torch); empty where a case was not chosen for one
     order    ((role, position), ...): its place in a role list whose order is not the registry's
-             (bisect-check reports and the goldens' tables keep their order); lists sort by
-             position, then registry order
+             (bisect-check reports, the goldens' tables and the multi-GPU test keep their order);
+             lists sort by position, then registry order
+    gpus     the GPUs one run needs: 1, or N for a case written for tensor parallelism at TP = N
+             (role "tp": its shapes shard only so); such a case is in no single-GPU list
+             (``records(max_gpus=1)``, the default)
     """
 
-    kind: str
+    kind: Kind
     spec: Case | GpuCase | EngineCase
     roles: frozenset = frozenset()
     regimes: tuple = ()
     order: tuple = ()
+    gpus: int = 1
+
+    def __post_init__(self):
+        where = f"case {getattr(self.spec, 'id', self.spec)!r}"
+        one_of(where, "kind", self.kind, Kind, "declare a new tier in Kind, KINDS and SPEC_TYPES first")
+        if type(self.spec) is not SPEC_TYPES[self.kind]:
+            raise RecordError(f"{where}: kind {self.kind!r} takes a {SPEC_TYPES[self.kind].__name__} spec, not "
+                              f"{type(self.spec).__name__}; build the spec of its kind")
+        if not isinstance(self.roles, frozenset):
+            raise RecordError(f"{where}: roles must be a frozenset (the record helpers _ref / _mod / _eng build it)")
+        all_of(where, "roles", sorted(self.roles), Role, "declare a new role in Role, ROLES and ROLE_KINDS")
+        for role in sorted(self.roles):
+            if self.kind not in ROLE_KINDS[role]:
+                raise RecordError(f"{where}: role {role!r} is for kind {' / '.join(ROLE_KINDS[role])} cases, "
+                                  f"not {self.kind!r}; drop the role or change ROLE_KINDS and its readers")
+        if not isinstance(self.regimes, tuple) or not all(isinstance(r, str) for r in self.regimes):
+            raise RecordError(f"{where}: regimes must be a tuple of harness.regimes.REGIMES names")
+        all_of(where, "order's roles", [r for r, _ in self.order], sorted(self.roles),
+               "give a position only in a role the case has")
+        if not isinstance(self.gpus, int) or self.gpus < 1 or (self.gpus > 1 and "tp" not in self.roles):
+            raise RecordError(f"{where}: gpus={self.gpus!r}; give 1, or N > 1 for a case of role \"tp\" written "
+                              "for TP = N")
+        self._check_roles_match_spec(where)
+
+    def _check_roles_match_spec(self, where: str) -> None:
+        """A role that states a property of the spec holds it (the role is the list its readers use)."""
+        s, roles = self.spec, self.roles
+        for role, quants in _QUANT_ROLES.items():
+            if role in roles and s.quant not in quants:
+                raise RecordError(f"{where}: role {role!r} needs quant in {quants}, not {s.quant!r}; "
+                                  "fix the quant or drop the role")
+        reload_seed = getattr(s, "reload_seed", None)
+        if ("reload" in roles) != (reload_seed is not None) or (reload_seed is not None and reload_seed == s.seed):
+            raise RecordError(f"{where}: role \"reload\" goes with a reload_seed other than seed, and only "
+                              "there; set both or neither")
+        if ("fp8-kv" in roles) != (getattr(s, "kv_cache_dtype", "auto") != "auto"):
+            raise RecordError(f"{where}: role \"fp8-kv\" goes with kv_cache_dtype=\"fp8\", and only there")
+        for extra, base in (("ct-bisect", "compressed-tensors"), ("reload-bisect", "reload")):
+            if extra in roles and base not in roles:
+                raise RecordError(f"{where}: role {extra!r} needs role {base!r} too")
+        if self.kind == "engine":
+            if bool(s.graph_regimes) != s.graphs:
+                raise RecordError(f"{where}: graph_regimes are declared exactly on CUDA-graph cases (graphs=True): "
+                                  "name the draft paths a graph case is for, none on an eager case")
+            if "graph-bisect" in roles and not s.graphs or "bisect" in roles and s.graphs:
+                raise RecordError(f"{where}: role \"graph-bisect\" is for CUDA-graph engine cases, \"bisect\" "
+                                  "for eager ones")
+            if (s.target == "acceptance") != bool(s.patterns) or (s.patterns and len(s.patterns) != len(s.prompt_lens)):
+                raise RecordError(f"{where}: target=\"acceptance\" takes one pattern per prompt "
+                                  f"({len(s.patterns)} patterns, {len(s.prompt_lens)} prompts); a dummy target none")
 
     @property
     def id(self) -> str:
@@ -227,10 +176,14 @@ def _ref(spec: Case, *roles: str) -> CaseRecord:
     return CaseRecord("reference", spec, frozenset(roles))
 
 
-def _mod(spec: GpuCase, *roles: str, regimes: tuple = (), order: int | None = None) -> CaseRecord:
-    """A module case; ``order``: its position in the bisect / golden set (``_BISECT``)."""
-    return CaseRecord("module", spec, frozenset(roles), regimes,
-                      () if order is None else tuple((r, order) for r in _BISECT if r in roles))
+def _mod(spec: GpuCase, *roles: str, regimes: tuple = (), order: int | None = None, tp: int | None = None,
+         gpus: int = 1) -> CaseRecord:
+    """A module case; ``order``: its position in the bisect / golden set (``_BISECT``); ``tp``: its
+    position in role "tp" (the multi-GPU test's order), which it then has."""
+    pos = () if order is None else tuple((r, order) for r in _BISECT if r in roles)
+    if tp is not None:
+        roles, pos = (*roles, "tp"), (*pos, ("tp", tp))
+    return CaseRecord("module", spec, frozenset(roles), regimes, pos, gpus)
 
 
 def _eng(spec: EngineCase, *roles: str) -> CaseRecord:
@@ -271,7 +224,7 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # requests first) ----
     _mod(GpuCase("tiny-k1", steps=1, seed=1)),
     _mod(GpuCase("tiny-k3-ragged", requests=3, tokens=8, steps=3, seed=2)),
-    _mod(GpuCase("tiny-k2-fused-layers", steps=2, seed=3, naming="layers", experts="fused")),
+    _mod(GpuCase("tiny-k2-fused-layers", steps=2, seed=3, naming="layers", experts="fused"), tp=2),
     # The regimes the other default bisect cases leave unexercised (harness/regimes.py): swiglu_limit
     # 10 never binds on the synthetic O(1) activations, 1.5 clamps ~20 % of the routed SwiGLU
     # elements (removing the clamp moves mlp.out by ~15x its tolerance, CPU-measured); headwise gate;
@@ -279,15 +232,16 @@ REGISTRY: tuple[CaseRecord, ...] = (
     _mod(GpuCase("tiny-k2-clamp-headwise", overrides=(("swiglu_limit", 1.5), ("gating_type", "headwise")), steps=2,
                  seed=22, naming="layers", experts="fused"),
          *_BISECT, regimes=("routed_clamp_frac", "headwise_gate_rows"), order=2),
-    _mod(GpuCase("tiny-k2-nosink", overrides=(("learnable_sink", False),), steps=2, seed=4)),
+    _mod(GpuCase("tiny-k2-nosink", overrides=(("learnable_sink", False),), steps=2, seed=4), tp=3),
     # index sharing, K = 3 and a heavy sink
     _mod(GpuCase("tiny-k3-share", overrides=(("index_share_for_mtp_iteration", True),), requests=3,
                  tokens=8, steps=3, seed=5),
-         *_BISECT, regimes=("index_share_steps", "draft_steps", "sink_mass_mean", "elementwise_gate_rows"), order=0),
+         *_BISECT, regimes=("index_share_steps", "draft_steps", "sink_mass_mean", "elementwise_gate_rows"), order=0,
+         tp=0),
     # contexts longer than index_topk (128): the indexer's choice matters; routing near-ties
     _mod(GpuCase("tiny-k2-long", requests=2, tokens=160, steps=2, seed=6),
          *_BISECT, regimes=("topk_selecting_rows_frac", "routing_near_tie_rows", "indexer_ue8m0_rounded_frac"),
-         order=1),
+         order=1, tp=1),
     # a request longer than the MLA decode threshold (256): sparse prefill kernel
     _mod(GpuCase("tiny-k2-long-prefill", requests=2, tokens=300, steps=2, seed=7)),
     _mod(GpuCase("tiny-k3-long-share", overrides=(("index_share_for_mtp_iteration", True),), requests=2,
@@ -296,8 +250,8 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # paths and fall back to per-row top-k otherwise; FlashMLA reads topk-wide rows
     _mod(GpuCase("tiny-k2-topk512", overrides=(("index_topk", 512),), requests=2, tokens=160, steps=2, seed=9)),
     _mod(GpuCase("tiny-k2-small-preset", preset="small", requests=2, tokens=40, steps=2, seed=11)),
-    _mod(GpuCase("tiny-k2-dense-mlp", overrides=(("mlp_layer_types", ["dense", "dense"]),), steps=2, seed=12)),
-    _mod(GpuCase("tiny-k2-headwise", overrides=(("gating_type", "headwise"),), steps=2, seed=13)),
+    _mod(GpuCase("tiny-k2-dense-mlp", overrides=(("mlp_layer_types", ["dense", "dense"]),), steps=2, seed=12), tp=4),
+    _mod(GpuCase("tiny-k2-headwise", overrides=(("gating_type", "headwise"),), steps=2, seed=13), tp=5),
     # positions past original_max_position_embeddings: the YaRN blend and mscale matter
     _mod(GpuCase("tiny-k2-yarn", overrides=(("rope_parameters", {
         "rope_type": "deepseek_yarn", "rope_theta": 10000.0, "factor": 4.0,
@@ -309,7 +263,7 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # so layer 1's head stays uninitialised (harmless while layer 0 serves every step).
     _mod(GpuCase("tiny-k2-two-mtp-layers", overrides=(("num_nextn_predict_layers", 2),), steps=2, seed=15,
                  known_audit=("model.layers.3.shared_head.head.weight",))),
-    _mod(GpuCase("tiny-k3-batch8", requests=8, tokens=64, steps=3, seed=17)),
+    _mod(GpuCase("tiny-k3-batch8", requests=8, tokens=64, steps=3, seed=17), tp=6),
     # HYV4Config's MTP dimensions (hidden 2816, 32 heads, 256 experts top-8, v 256,
     # index_topk 2048; vocab cut to 8192): ~13 GB of float64 reference weights,
     # the reference replays take tens of seconds on the host CPU
@@ -333,7 +287,8 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # dense MLP: every linear but the gate FP8; the exclusion bug (exclusions not remapped)
     # quantizes only linears here, so it surfaces as a load failure, not a crash
     _mod(GpuCase("tiny-k2-modelopt-pb-dense", overrides=(("mlp_layer_types", ["dense", "dense"]),), steps=2,
-                 seed=24, quant="modelopt-fp8-pb", expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
+                 seed=24, quant="modelopt-fp8-pb",
+                 expect_unquantized=_MTP0_GATE + ("model.layers.2.shared_head.head",)),
          "modelopt"),
     # the whole MTP layer excluded by the wildcard model.mtp_layers.0.* (a bf16 MTP head under an
     # FP8 backbone's ModelOpt config); dense MLP for the same reason as above
@@ -383,6 +338,11 @@ REGISTRY: tuple[CaseRecord, ...] = (
     # model.layers.<n + i> for i < max(num_nextn_predict_layers - 1, 1)
     _mod(GpuCase("probe-two-mtp-layers-naming", overrides=(("num_nextn_predict_layers", 2),), steps=2,
                  seed=16, naming="layers"), "probe"),
+    # tensor parallelism only (tests/gpu/test_multigpu.py, 2 GPUs): FP8 at TP = 2 needs 128-divisible
+    # per-rank shards; the tiny preset's routed intermediate (128) splits to 64 (vLLM refuses), so
+    # this case doubles it. Not of role "fp8": side_by_side --fp8 and the FP8 emulation run on one GPU
+    _mod(GpuCase("tp2-k2-fp8-split-long", overrides=(("moe_intermediate_size", 256),), requests=2, tokens=160,
+                 steps=2, seed=18, quant="fp8"), tp=7, gpus=2),
 
     # ---- kind "engine": vLLM's speculator in a vllm.LLM ----
     # index sharing: step 0 runs the indexer, steps 1..K-1 reuse its rows compacted to the sampled rows
@@ -479,26 +439,43 @@ REGISTRY: tuple[CaseRecord, ...] = (
 )
 
 BY_ID: Mapping[str, CaseRecord] = MappingProxyType({r.id: r for r in REGISTRY})
+if len(BY_ID) != len(REGISTRY):
+    raise RecordError("harness.case_registry: case ids "
+                      f"{sorted({r.id for r in REGISTRY if [x.id for x in REGISTRY].count(r.id) > 1})} are declared "
+                      "more than once; give each case its own id (it names goldens, reports and test ids)")
 
 
-def records(role: str | None = None, kind: str | None = None, without: str | None = None) -> list[CaseRecord]:
-    """The records of ``kind`` (any when None) that have ``role`` (any when None) and not role
-    ``without``: in registry order, or, for a role, by each record's position in it (``order``)."""
+def records(role: str | None = None, kind: str | None = None, without: str | None = None,
+            max_gpus: int = 1) -> list[CaseRecord]:
+    """The records of ``kind`` (any when None) that have ``role`` (any when None), not role ``without``,
+    and run on at most ``max_gpus`` GPUs (1: the single-GPU cases every command lists): in registry
+    order, or, for a role, by each record's position in it (``order``)."""
     for r in (role, without):
         if r is not None and r not in ROLES:
             raise KeyError(f"unknown role {r!r}; known: {', '.join(ROLES)}")
     if kind is not None and kind not in KINDS:
         raise KeyError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     out = [r for r in REGISTRY if (kind is None or r.kind == kind) and (role is None or role in r.roles)
-           and (without is None or without not in r.roles)]
+           and (without is None or without not in r.roles) and r.gpus <= max_gpus]
     return sorted(out, key=lambda r: r.position(role)) if role is not None else out
 
 
-def ids(role: str | None = None, kind: str | None = None, without: str | None = None) -> tuple[str, ...]:
-    """The case ids of ``records(role, kind, without)``, in its order."""
-    return tuple(r.id for r in records(role, kind, without))
+def ids(role: str | None = None, kind: str | None = None, without: str | None = None,
+        max_gpus: int = 1) -> tuple[str, ...]:
+    """The case ids of ``records(role, kind, without, max_gpus)``, in its order."""
+    return tuple(r.id for r in records(role, kind, without, max_gpus))
 
 
-def specs(role: str | None = None, kind: str | None = None, without: str | None = None) -> dict:
-    """{id: spec} of ``records(role, kind, without)``, in its order."""
-    return {r.id: r.spec for r in records(role, kind, without)}
+def specs(role: str | None = None, kind: str | None = None, without: str | None = None,
+          max_gpus: int = 1) -> dict:
+    """{id: spec} of ``records(role, kind, without, max_gpus)``, in its order."""
+    return {r.id: r.spec for r in records(role, kind, without, max_gpus)}
+
+
+def spec(case_id: str, kind: str | None = None, without: str | None = None):
+    """The spec of case ``case_id`` among ``specs(kind=kind, without=without)``; ``KeyError`` naming
+    the known ids (of that kind) otherwise."""
+    known = specs(kind=kind, without=without)
+    if case_id not in known:
+        raise KeyError(f"unknown case {case_id!r}; known: {', '.join(known)}")
+    return known[case_id]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from .atomic import atomic_write, write_errors, write_failure
+from .commands.passthrough import TOOLS, tool_call
 from .exitcodes import (EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, CLIError,  # noqa: F401 - re-exported
                         OneLineParser)
 
@@ -25,10 +26,8 @@ def _load_case_inputs(args):
     from .presets import preset
 
     if not args.ckpt.startswith("preset:"):
-        try:
-            from .checkpoint.loader import load_checkpoint
-        except ImportError as exc:  # the loader lands with the checkpoint issue
-            raise CLIError(f"checkpoint loading is not available: {exc}") from exc
+        from .checkpoint.loader import load_checkpoint
+
         loaded = load_checkpoint(args.ckpt)
         return loaded.hf_config, loaded.cfg, loaded.weights
     name = args.ckpt.split(":", 1)[1]
@@ -164,17 +163,17 @@ def cmd_synth(args) -> int:
     return synth_command(args)
 
 
-def _on_production(command: str, args) -> int:
-    """Run ``harness.commands.compare.<command>`` or exit 125 where production cannot run.
+def _on_production(args, validate, run, start_early=None) -> int:
+    """``run(args)`` (a command of ``harness.commands``) or exit 125 where production cannot run.
 
-    Arguments are checked first (a wrong flag is exit 2 on any machine)."""
+    Arguments are checked first (``validate``: a wrong flag is exit 2 on any machine)."""
     from .production import can_run
-    from .commands import compare as compare_cli
+    from .production.engine.process import stop_engine_cases
 
-    compare_cli.validate_args(command, args)
+    validate(args)
     # what the command starts in subprocesses that check the host themselves (bisect-check's
     # engines) starts now, beside this process's own checks; stopped if they fail
-    early = compare_cli.start_early(command, args) if can_run.gpu_device_nodes() else []
+    early = start_early(args) if start_early is not None and can_run.gpu_device_nodes() else []
     try:
         reason = can_run.cannot_run_production_reason()
         if reason:
@@ -185,20 +184,20 @@ def _on_production(command: str, args) -> int:
         without = judged_without()  # a missing optional kernel, judged anyway on request: said first and last
         if without:
             print(f"warning: the verdict below is{without}")
-        run = getattr(compare_cli, command)
         code = run(args, started=early) if early else run(args)
         if without:
             print(f"verdict: exit {code}{without}")
         return code
     finally:
-        compare_cli.stop_engine_cases(early)  # those the command collected are stopped already
+        stop_engine_cases(early)  # those the command collected are stopped already
 
 
 def cmd_compare(args) -> int:
     """Side by side on the GPU; 125 where production cannot run."""
+    from .commands import compare
     from .commands.history import with_history
 
-    return with_history("compare", args, lambda: _on_production("compare_command", args))
+    return with_history("compare", args, lambda: _on_production(args, compare.validate_args, compare.compare_command))
 
 
 def cmd_main_job(args) -> int:
@@ -209,15 +208,15 @@ def cmd_main_job(args) -> int:
     An explicit target (CKPT_DIR, a preset, a case id, ``--tp``, ``--steps``, ``--seed``) is what
     the user asked about: on a host without the production path it is validated (2 on bad input)
     and the verdict is 125, cannot judge; never the goldens' 0, which is about something else."""
-    from .production import can_run
     from .commands.compare import validate_args
+    from .production import can_run
 
     explicit = [what for what, given in (
         (f"CKPT_DIR {args.ckpt}", args.ckpt is not None), (f"--tp {args.tp}", args.tp != 1),
         (f"--steps {args.steps}", args.steps is not None), (f"--seed {args.seed}", args.seed is not None)) if given]
     if args.ckpt is None:
         args.ckpt = DEFAULT_MAIN_TARGET
-    validate_args("compare_command", args)
+    validate_args(args)
     reason = can_run.cannot_run_production_reason()
     if reason is None:
         return cmd_compare(args)
@@ -228,7 +227,7 @@ def cmd_main_job(args) -> int:
                         f"side by side needs the production path: {reason}"))
         return EXIT_CANNOT_JUDGE
     print(f"no production path here ({reason}): checking the reference against its goldens")
-    from .golden_check import check_reference_goldens
+    from .goldens.reference import check_reference_goldens
 
     return check_reference_goldens(verbose=True, report=args.report)
 
@@ -276,10 +275,16 @@ def cmd_report(args) -> int:
 def cmd_bisect_check(args) -> int:
     """Side by side + goldens (or ``--baseline DIR``) for the default case set: 0 good, 1 bad,
     125 cannot judge (also: a golden part not judged, unless ``--allow-unjudged``);
-    ``--record-baseline DIR`` records the baseline instead."""
+    ``--record-baseline DIR`` records the baseline instead (``harness.commands.baseline``)."""
+    from .commands import baseline, bisect_check
     from .commands.history import with_history
 
-    return with_history("bisect-check", args, lambda: _on_production("bisect_command", args))
+    if args.record_baseline:
+        run, start_early = baseline.record_baseline_command, None
+    else:
+        run, start_early = bisect_check.bisect_command, bisect_check.start_early
+    return with_history("bisect-check", args,
+                        lambda: _on_production(args, bisect_check.validate_args, run, start_early))
 
 
 def cmd_mutants(args) -> int:
@@ -310,8 +315,8 @@ def _add_mutants_arguments(p) -> None:
     """``mutants``'s flags (here, not in harness.mutants: that package imports torch; the parser must not)."""
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")
     p.add_argument("--speculator", action="store_true",
-                   help="the planted bugs in vLLM's MTP speculator (harness.production.engine.speculator_mutants), each "
-                        "through bisect-check on its engine case, plus pristine controls")
+                   help="the planted bugs in vLLM's MTP speculator (harness.production.engine.speculator_mutants), "
+                        "each through bisect-check on its engine case, plus pristine controls")
     p.add_argument("--only", nargs="+", action="extend", default=None, metavar="NAME",
                    help="run only these mutants")
     p.add_argument("--report", default=None, metavar="R.json", help="write the JSON report here")
@@ -359,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--factor", type=float, default=2.0, help="report max_abs changes larger than this ratio")
     rp.set_defaults(func=cmd_report)
 
-    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch or load failure, 2 bad input, 125 cannot judge")
+    b = sub.add_parser("bisect-check", help="git-bisect verdict on vLLM: 0 good, 1 mismatch or load failure, "
+                                            "2 bad input, 125 cannot judge")
     b.add_argument("--case", action="append", default=None, metavar="ID",
                    help="side-by-side or engine case to judge (default: the bisect set)")
     b.add_argument("--report", default=None, help="write the JSON report here")
@@ -376,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "goldens (same tolerances); recorded on another GPU, torch or CUDA: exit 2")
     b.add_argument("--graphs", action="store_true",
                    help="also judge vLLM's speculator under CUDA graphs as `vllm serve` runs it "
-                        "(the graph-bisect cases: K = 3 with and without index sharing): for a change to graph capture, padding or the "
+                        "(the graph-bisect cases: K = 3 with and without index sharing): "
+                        "for a change to graph capture, padding or the "
                         "speculator's lifecycle hooks")
     b.add_argument("--compressed-tensors", action="store_true",
                    help="with --case: also judge the compressed-tensors channel-FP8 checkpoint "
@@ -421,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     # answered by the goldens check (cmd_main_job)
     m.set_defaults(ckpt=None)
     m.set_defaults(func=cmd_main_job)
+
+    for name, (_, what) in TOOLS.items():  # listed here; run by main() with their own parsers (commands.passthrough)
+        t = sub.add_parser(name, help=what, add_help=False,
+                           description=f"{what}. Its arguments are its own: python -m harness {name} --help")
+        t.add_argument("args", nargs="*", metavar="ARGS",
+                       help=f"its own arguments and flags (python -m harness {name} --help)")
     return p
 
 
@@ -428,12 +441,17 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; every error is one line and a contract exit code (``harness.exitcodes``)."""
     import sys
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    tool = tool_call(argv)
+    if tool is not None:  # a command with its own parser: its checks, its exit codes
+        runner, rest = tool
+        return runner(rest)
     from .exitcodes import run_guarded
     from .input_checks import environment
     from .ci_speed.jit_cache import apply_jit_cache, precompile_bytecode
 
     # the documented environment variables first: $HYV4_JIT_CACHE is used just below
-    code = run_guarded(environment, debug="--debug" in (sys.argv[1:] if argv is None else argv))
+    code = run_guarded(environment, debug="--debug" in argv)
     if code:
         return code
     # $HYV4_JIT_CACHE: every JIT layer under one root, before torch is first imported (the

@@ -1,13 +1,13 @@
 """The component registry: one record per component of an MTP draft step (in the manner of
 PyTorch's OpInfo). Everything that lists components is derived from ``REGISTRY``:
 
-  harness.compare.COMPONENTS / INDEX_COMPONENTS   the reference trace, dataflow order (reference goldens,
+  harness.trace_compare.COMPONENTS / INDEX_COMPONENTS   the reference trace, dataflow order (reference goldens,
                                                   ``report`` order)
   PRODUCTION_COMPONENTS                           what the side by side judges (production goldens store
                                                   exactly these)
   DIAGNOSTIC_COMPONENTS                           the engine path's per-call diagnostics
   HOOKS                                           where ``production.module.capture`` reads production
-  tolerance_table(precision)                      ``production.verdict.tolerances``
+  tolerance_table(precision)                      ``production.judging.tolerances``
   HEAD_SHARDED / PARTIAL_SUM                      the TP merge rules (``production.tp``)
   regimes_of / mutants_of                         ``harness.regimes``, ``harness.mutants`` (catalogue)
 
@@ -16,14 +16,25 @@ that computes it (``reference``: the dotted name; ``reference.mtp.forward_step``
 trace under ``name``). ``tests/cpu/test_component_registry.py`` holds every derived list to the
 registry and states the invariants they keep.
 
-This module imports nothing of the project (it is the bottom of ``harness``).
+This module imports nothing of the project but ``harness.record_checks`` (it is the bottom of
+``harness``). The closed sets of the records' fields are ``Literal`` types, checked when a
+record is built: a record outside them fails at import, naming it and what to do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
-from typing import Mapping
+from typing import Literal, Mapping
+
+from harness.record_checks import one_of
+
+HookKind = Literal["out", "in", "topk-buffer", "indexer-topk", "router"]
+HookTransform = Literal["sigmoid", "flatten-heads", None]
+HookOptional = Literal[False, True, "with-parent"]
+CompareAs = Literal["values", "index", "token", "tie-bound"]
+ProductionSource = Literal["hook", "derived", "runner", None]
+TpRule = Literal["replicated", "head-sharded", "partial-sum"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +61,18 @@ class Hook:
     """
 
     module: str
-    kind: str = "out"
+    kind: HookKind = "out"
     arg: int = 0
-    transform: str | None = None
-    optional: bool | str = False
+    transform: HookTransform = None
+    optional: HookOptional = False
     capture: str | None = None
+
+    def __post_init__(self):
+        where = f"hook on {self.module!r}"
+        one_of(where, "kind", self.kind, HookKind, "production.module.capture.attach reads only these; add "
+               "the new kind there first")
+        one_of(where, "transform", self.transform, HookTransform, "add the transform to capture.attach first")
+        one_of(where, "optional", self.optional, HookOptional, "True: the module may be absent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +84,7 @@ class Component:
     compare         "values" (atol/rtol), "index" (row sets, ties by score), "token" (exact where
                     the logit margin is decisive), "tie-bound" (not compared: its tolerance is the
                     index components' tie bound)
-    reference_trace the reference's trace holds it (``harness.compare.COMPONENTS``)
+    reference_trace the reference's trace holds it (``harness.trace_compare.COMPONENTS``)
     hooks           where production exposes it (empty: production never materialises it, or it is
                     derived / written by the runner, see ``production``)
     production      how the side by side gets production's value: "hook", "derived" (computed by
@@ -86,44 +104,53 @@ class Component:
 
     name: str
     reference: str
-    compare: str = "values"
+    compare: CompareAs = "values"
     reference_trace: bool = True
     hooks: tuple[Hook, ...] = ()
-    production: str | None = "hook"
+    production: ProductionSource = "hook"
     diagnostic: bool = False
-    tp: str = "replicated"
+    tp: TpRule = "replicated"
     tolerance: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
     regimes: tuple[str, ...] = ()
     mutants: tuple[str, ...] = ()
     golden_mutants: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        where = f"component {self.name!r}"
+        one_of(where, "compare", self.compare, CompareAs,
+               "harness.trace_compare judges only these; add the new way there")
+        one_of(where, "production", self.production, ProductionSource, "None: not judged side by side")
+        one_of(where, "tp", self.tp, TpRule, "production.tp.multigpu merges ranks by these rules only")
 
 
 # ---- tolerances: vLLM's production path vs the float64 reference ---------------------------------
 # Judged as |prod - ref| <= atol + rtol*|ref|, the reference replayed on production's own inputs.
 # Scale of the numbers: synthetic weights keep activations O(1) (RMSNorm outputs up to ~5, MLP
 # outputs up to ~8). bf16 keeps 8 significant bits: one rounding is at most 2^-9 relative, one ulp
-# at |x| in [2, 4) is 2^-6 = 1.6e-2, in [4, 8) 3.1e-2. Measured on an SM90 GPU (vLLM 0.33.0, torch
-# 2.11+cu130), 9 cases: the largest deviations are 1-2 ulps of the output, from bf16 inputs that
-# already differ by an ulp here and there (GEMM accumulation order, fused vs unfused norms). Each
-# entry says what it absorbs; none is global.
+# at |x| in [2, 4) is 2^-6 = 1.6e-2, in [4, 8) 3.1e-2. On an SM90 GPU the largest deviations are
+# 1-2 ulps of the output, from bf16 inputs that already differ by an ulp here and there (GEMM
+# accumulation order, fused vs unfused norms; the figures: benchmarks/NOTES.md). Each entry says
+# what it absorbs; none is global.
 _ONE = Tolerance(1e-2, 1e-2, "one bf16 rounding of an O(1) fused-op output (RMSNorm, eh_proj over bf16 inputs)")
-_GEMM = Tolerance(3e-2, 2e-2, "bf16 GEMM/norm output whose bf16 inputs differ from the spec by ~1 ulp (2 roundings deep)")
+_GEMM = Tolerance(3e-2, 2e-2,
+                  "bf16 GEMM/norm output whose bf16 inputs differ from the spec by ~1 ulp (2 roundings deep)")
 _ATTN = Tolerance(4e-2, 3e-2, "sparse MLA: bf16 absorbed q, bf16 latent cache, fp32 softmax, bf16 W_UV up-projection")
-_MLP = Tolerance(1e-1, 3e-2, "routed (clamped SwiGLU, fp32 top-k weights) + shared experts summed in bf16; values up to ~8")
+_MLP = Tolerance(1e-1, 3e-2,
+                 "routed (clamped SwiGLU, fp32 top-k weights) + shared experts summed in bf16; values up to ~8")
 
 # FP8 checkpoints. Production's block-FP8 GEMMs (every FP8 linear and the routed experts) quantize
 # their bf16 activation per token and group of 128 to e4m3 before the fp32 accumulation: each
 # element moves by up to 2^-4 relative (3 mantissa bits), and on SM90 with DeepGEMM
 # (VLLM_USE_DEEP_GEMM_E8M0=1, the default) the group scales are rounded up to powers of two and
 # fp32-scale weights are re-quantized once to UE8M0 blocks (another 2^-4 per weight element; see
-# production/verdict/fp8_emulation.py). The reference runs on the exact dequantized checkpoint, so
+# production/judging/fp8_emulation.py). The reference runs on the exact dequantized checkpoint, so
 # these roundings are production's only. Components before the first FP8 GEMM (embed, enorm,
 # hnorm, eh_proj) keep the bf16 entries.
 #
 # CPU-estimated, then checked on the GPU: atol = 2x the max |d| vs EXACT (for indexer.q_deq: 2x
 # the atol needed at rtol 0.13; for indexer.scores: 2x the largest score gap of a swapped top-k
 # member) seen by
-#     python -m harness.production.verdict.fp8_emulation --extra-seeds 6
+#     python -m harness fp8-emulation --extra-seeds 6
 # i.e. the reference with PRODUCTION numerics + that activation quantization (+ the UE8M0 weight
 # re-quantization), in 3 variants (deepgemm-e8m0: pow2 activation scales + re-quantized weights,
 # the SM90 default at M >= 32; requant-fp32-act: FlashInfer at M < 32; fp32-scales), over the FP8
@@ -131,14 +158,9 @@ _MLP = Tolerance(1e-1, 3e-2, "routed (clamped SwiGLU, fp32 top-k weights) + shar
 # brackets: the emulated max |d| (the quantity doubled), max over cases, seeds and variants.
 # "fp8": float32 weight_scale_inv (re-quantized to UE8M0 blocks by DeepGEMM's post-processing);
 # "fp8-ue8m0": power-of-two (UE8M0) scales, no re-quantization.
-# MEASURED (SM90, vLLM 0.33.0, torch 2.11.0+cu130, pytest -m gpu, tiny-k2-fp8-split-long /
-# tiny-k2-fp8-ue8m0-fused-scale-long, 2 x 160 tokens, 2 steps; the run: reports/STATUS.md): both pass. Measured max |d| / atol
-# per FP8-widened component, fp8 | ue8m0: attn.q_c .41|.45, attn.kv_c .47|.47, attn.q .53|.42,
-# attn.k_pe .48|.45, attn.core .36|.33, attn.out .36|.35, router_logits .34|.50, topk_weights
-# .43|.34, moe.shared .54|.39, mlp.out .40|.44, final_norm .38|.48, logits .38|.36; indexer.q_deq
-# .91|1.39 (0.5 = one e4m3 step at |q| in [4, 8); the ue8m0 case passes through its rtol). The
+# Checked on the GPU (both FP8 cases pass; max |d| / atol per component: benchmarks/NOTES.md). The
 # estimates are kept, not shrunk to one measurement of two cases: the emulation covers 7 seeds
-# and 3 kernel variants, and the measured headroom (~2x) is what they were built with.
+# and 3 kernel variants, and the ~2x headroom is what they were built with.
 PRECISIONS = ("bf16", "fp8", "fp8-ue8m0")
 _FP8_NOTE = ("; FP8: per-token-group(128) e4m3 activation quantization before the GEMM "
              "(2^-4 relative per element, fp32 accumulation)")
@@ -206,11 +228,12 @@ REGISTRY: tuple[Component, ...] = (
               # the raw per-head weights (before the q scale is folded in): the judge recovers the
               # UE8M0 q scale from them and compares dequantized q
               hooks=_out(f"{_IX}.wk_weights_proj", optional=True, capture="indexer.kw"),
-              tolerance=_tol(Tolerance(0, 1.0, "UE8M0 power of two: flips x2 when the group amax sits on a binade edge")),
+              tolerance=_tol(Tolerance(0, 1.0, "UE8M0 power of two: flips x2 when the group amax sits on a "
+                                       "binade edge")),
               regimes=("indexer_ue8m0_rounded_frac", "indexer_ue8m0_scale_ratio_mean")),
     Component("indexer.q_deq", "reference.indexer.project", reference_trace=False, production="derived",
-              tolerance=_tol(Tolerance(5e-2, 0.13, "e4m3 keeps 3 mantissa bits: one element may round to the neighbouring "
-                                       "e4m3 value (2^-3 relative) when its bf16 input differs by an ulp"),
+              tolerance=_tol(Tolerance(5e-2, 0.13, "e4m3 keeps 3 mantissa bits: one element may round to the "
+                                       "neighbouring e4m3 value (2^-3 relative) when its bf16 input differs by an ulp"),
                              (0.55, _QDEQ.format("2.75e-1")), (0.36, _QDEQ.format("1.79e-1"))),
               regimes=("indexer_ue8m0_rounded_frac",), mutants=("indexer-rope-neox",)),
     Component("indexer.k", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 2, optional="with-parent"),
@@ -219,13 +242,15 @@ REGISTRY: tuple[Component, ...] = (
     Component("indexer.weights", "reference.indexer.project", hooks=_in(f"{_IX}.indexer_op", 3, optional="with-parent"),
               production=None),
     Component("indexer.head_weights", "reference.indexer.project", reference_trace=False, production="derived",
-              tolerance=_tol(Tolerance(5e-4, 2e-2, "indexer.weights / q_scale = w_h D^-1/2 ih^-1/2 (= w_h/64 here): 2 bf16 ulps of an O(1) w_h, over a bf16 "
+              tolerance=_tol(Tolerance(5e-4, 2e-2, "indexer.weights / q_scale = w_h D^-1/2 ih^-1/2 (= w_h/64 here): "
+                                       "2 bf16 ulps of an O(1) w_h, over a bf16 "
                                        "GEMM output (the q scale is judged by itself, it may flip x2)")),
               mutants=("indexer-weights-unscaled",)),
     # used only as the tie bound for top-k sets, as a fraction of the row's largest score
     Component("indexer.scores", "reference.indexer.scores", compare="tie-bound", production=None,
-              tolerance=_tol(Tolerance(8e-2, 0, "two faithful fp8 quantizations of q and k (inputs an ulp apart) move a key's "
-                                       "score by up to ~6.5% of the row's largest |score| (measured, reference EXACT vs PRODUCTION)"),
+              tolerance=_tol(Tolerance(8e-2, 0, "two faithful fp8 quantizations of q and k (inputs an ulp apart) "
+                                       "move a key's score by up to ~6.5% of the row's largest |score| "
+                                       "(measured, reference EXACT vs PRODUCTION)"),
                              (0.22, _TIE + " [1.09e-1]"), (0.14, _TIE + " [6.8e-2]"))),
     Component("indexer.topk", "reference.indexer.select_topk", compare="index",
               hooks=(Hook(f"{_IX}.indexer_op", "indexer-topk", optional="with-parent"),),
@@ -249,8 +274,10 @@ REGISTRY: tuple[Component, ...] = (
                        "kv-fp8-scale-reciprocal", "kv-fp8-scale-wrong-tile", "kv-fp8-scale-per-row")),
     Component("attn.gate", "reference.attention.gate",
               hooks=_out(f"{_SA}.linear_gate", transform="sigmoid", optional=True), tp="head-sharded",
-              tolerance=_tol(Tolerance(8e-3, 1e-2, "sigmoid in bf16 of a bf16 GEMM output: values in (0, 1), one or two ulps")),
-              regimes=("headwise_gate_rows", "elementwise_gate_rows"), mutants=("exclusions-not-remapped", "ct-ignore-regex-dropped")),
+              tolerance=_tol(Tolerance(8e-3, 1e-2, "sigmoid in bf16 of a bf16 GEMM output: values in (0, 1), "
+                                       "one or two ulps")),
+              regimes=("headwise_gate_rows", "elementwise_gate_rows"),
+              mutants=("exclusions-not-remapped", "ct-ignore-regex-dropped")),
     Component("attn.out", "reference.attention.apply_gate", hooks=_out(f"{_SA}.o_proj"), diagnostic=True,
               tolerance=_tol(_ATTN, (0.19, _OUT + " [9.5e-2]"), (0.17, _OUT + " [8.0e-2]")),
               regimes=("headwise_gate_rows", "elementwise_gate_rows"),
@@ -260,14 +287,15 @@ REGISTRY: tuple[Component, ...] = (
                                               (0.17, "attn.out + residual in bf16 [8.2e-2]"))),
     Component("moe.router_logits", "reference.moe.route", hooks=_out("mtp_block.mlp.gate", optional=True),
               diagnostic=True,
-              tolerance=_tol(Tolerance(4e-2, 2e-2, "fp32 router GEMM, but over the bf16 post-attention norm whose elements "
-                                       "differ by ~1 ulp: each flip moves a logit by ulp*|w| ~ 1e-3"),
+              tolerance=_tol(Tolerance(4e-2, 2e-2, "fp32 router GEMM, but over the bf16 post-attention norm "
+                                       "whose elements differ by ~1 ulp: each flip moves a logit by ulp*|w| ~ 1e-3"),
                              (0.26, "fp32 router over the FP8-noisy post-attention norm [1.28e-1]"),
                              (0.1, "fp32 router over the FP8-noisy post-attention norm [4.9e-2]"))),
     Component("moe.topk_ids", "reference.moe.route", compare="index", hooks=_ROUTER,
               regimes=("routing_near_tie_rows", "routing_near_tie_frac"), mutants=("expert-bias-ignored",)),
     Component("moe.topk_weights", "reference.moe.route", hooks=_ROUTER,
-              tolerance=_tol(Tolerance(1e-2, 1e-2, "sigmoid of the router logits above, renormalised and x routed_scaling_factor"),
+              tolerance=_tol(Tolerance(1e-2, 1e-2, "sigmoid of the router logits above, renormalised and "
+                                       "x routed_scaling_factor"),
                              (0.07, "sigmoid of the router logits above, renormalised [3.4e-2]"),
                              (0.03, "sigmoid of the router logits above, renormalised [1.4e-2]")),
               regimes=("routing_near_tie_rows",),
@@ -282,10 +310,12 @@ REGISTRY: tuple[Component, ...] = (
               regimes=_CLAMP, mutants=("expert-swap", "clamp-removed")),
     Component("final_norm", "reference.norms.rms_norm", hooks=_out("final_layernorm"), diagnostic=True,
               tolerance=_tol(Tolerance(6e-2, 2e-2, "fused add+RMSNorm in bf16 over mlp.out and the residual"),
-                             (0.53, "add+RMSNorm over mlp.out [2.61e-1]"), (0.43, "add+RMSNorm over mlp.out [2.14e-1]"))),
+                             (0.53, "add+RMSNorm over mlp.out [2.61e-1]"),
+                             (0.43, "add+RMSNorm over mlp.out [2.14e-1]"))),
     Component("logits", "reference.mtp.forward_step", production="runner",
               tolerance=_tol(Tolerance(1e-1, 2e-2, "fp32 LM head over final_norm's bf16 ulps (H terms of ulp*|w|)"),
-                             (0.38, "fp32 head over final_norm [1.88e-1]"), (0.39, "fp32 head over final_norm [1.94e-1]")),
+                             (0.38, "fp32 head over final_norm [1.88e-1]"),
+                             (0.39, "fp32 head over final_norm [1.94e-1]")),
               mutants=("lm-head-zero",)),
     Component("draft_token", "reference.mtp.forward_step", compare="token", production="runner"),
 )
@@ -348,7 +378,7 @@ QUANT_PRECISION: Mapping[str, str] = MappingProxyType({"modelopt-fp8-pb": "fp8",
 # to 2^-3 of it) apart, and a tile whose amax sits near a power of two of 448 s gets the other
 # scale (every element of it rounded on a grid twice as fine or coarse: up to 2^-4 of it apart).
 # Those latent differences reach the attention logits and the value sum, then every component
-# after it. CPU-estimated by ``python -m harness.production.verdict.kv_fp8_emulation --extra-seeds 5``
+# after it. CPU-estimated by ``python -m harness kv-fp8-emulation --extra-seeds 5``
 # (the reference with PRODUCTION numerics and the FP8 cache as production's stand-in, judged like a
 # production trace; tiny-k2-long-fp8kv and 5 more seeds): a component whose atol needed at its rtol
 # (in brackets, max over the 6 seeds) exceeds half its bf16 atol (less than 2x headroom) gets 2x

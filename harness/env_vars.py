@@ -25,12 +25,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "where the package map transformers asks `importlib.metadata` for on import is cached (default: "
         "`python-metadata` under `$HYV4_JIT_CACHE`); set but empty turns that cache off"),
     "HYV4_REPORT_DIR": (
-        "python -m harness.production.engine, GPU tests",
+        "python -m harness engine, GPU tests",
         "directory for the engine reports (`engine_mtp_<case>.json`) when `--out` is not given"),
     "HYV4_TIMELINE": (
         "pytest (set by .ci/gpu-tier)",
         "directory where every pytest process records its start-up, collection and each test's span; "
-        "`python -m harness.ci_speed.pytest_timeline DIR` prints where each worker's wall time went"),
+        "`python -m harness ci timeline DIR` prints where each worker's wall time went"),
     "HYV4_GOLDENS_ROOT": (
         "python -m harness, pytest",
         "another goldens tree instead of the checked-in `goldens/` (e.g. goldens recorded on this host); "
@@ -50,10 +50,6 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "python -m harness",
         "`0`: do not start vLLM's model-class inspection in the background (main, compare, bisect-check, "
         "warmup)"),
-    "HYV4_HYPOTHESIS_PROFILE": (
-        "pytest",
-        "hypothesis profile: `ci` (default: derandomized, 20 examples), `nightly` (2000) or `dev`; same as "
-        "`--hypothesis-profile-name`"),
     "HYV4_PYTEST_WORKERS": (
         "pytest",
         "xdist workers for the CPU tier: a number, `auto`, or `0` for serial (`-n N` / `-p no:xdist` win)"),

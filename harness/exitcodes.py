@@ -17,8 +17,8 @@
 
 Every command reports an error as exactly one line (``error: ...`` for 2,
 ``vLLM load failed: ...`` for 1, ``cannot judge: ...`` for 125); ``--debug``
-adds the traceback. ``harness.cli``, ``harness.commands.compare``,
-``harness.production.engine`` and ``harness.mutants`` all go through here.
+adds the traceback. ``harness.cli``, ``harness.commands``, ``harness.production.engine`` and
+``harness.mutants`` all go through here.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ class CLIError(Exception):
 
 class CannotJudge(Exception):
     """The harness cannot reach a verdict here (exit 125); the message says why."""
+
+
+class GoldenError(RuntimeError):
+    """A golden is missing, corrupt or does not match its manifest (``harness.goldens.store``
+    raises it): the harness's own data, so no verdict (125). Defined here, beside the contract
+    that classifies it, so the contract imports nothing above it."""
 
 
 class Terminated(BaseException):
@@ -298,8 +304,6 @@ def _is_load_failure(exc: BaseException) -> bool:
 
 def _is_golden_problem(exc: BaseException) -> bool:
     """A missing or corrupt stored golden: the harness's own data, so no verdict (125)."""
-    from .goldens import GoldenError
-
     return isinstance(exc, GoldenError)
 
 
@@ -329,7 +333,9 @@ def _bad_path(exc: BaseException) -> str | None:
 
 
 def _cut(line: str) -> str:
-    return line if len(line) <= MAX_LINE else f"{line[:MAX_LINE - 100]}... ({len(line) - MAX_LINE + 100} more characters)"
+    if len(line) <= MAX_LINE:
+        return line
+    return f"{line[:MAX_LINE - 100]}... ({len(line) - MAX_LINE + 100} more characters)"
 
 
 def classify(exc: BaseException) -> tuple[int, str]:

@@ -324,8 +324,6 @@ def _env_workers(name: str, value: str) -> None:
         raise CLIError(f"${name}={value!r}: must be a number of workers within 0..256, auto or 0")
 
 
-HYPOTHESIS_PROFILES = ("ci", "nightly", "dev")  # registered by the root conftest.py
-
 # name -> check of its value (an empty value means unset for every one of them)
 ENVIRONMENT = {
     "HYV4_JIT_CACHE": _env_dir,
@@ -338,7 +336,6 @@ ENVIRONMENT = {
     "HYV4_SPECULATOR_MUTANT": _env_speculator_mutant,
     "HYV4_REFERENCE_DEVICE": _env_choice("cpu", "cuda"),
     "HYV4_MODEL_INFO_PREFETCH": _env_choice("0", "1", exact=True),
-    "HYV4_HYPOTHESIS_PROFILE": _env_choice(*HYPOTHESIS_PROFILES, exact=True),
     "HYV4_PYTEST_WORKERS": _env_workers,
     "HYV4_WORKER_TEARDOWN": _env_choice("0", "1", exact=True),
     "HYV4_ALLOW_MISSING_KERNELS": _env_choice("0", "1", exact=True),

@@ -25,7 +25,7 @@ float64 reference (``reference.draft``, EXACT) under ``reference.probes``:
                              a reader taking another tile's scale, or one per row, reads right
 
 ``measure(case)`` runs the reference on CPU (tiny cases: well under a second);
-``harness.production.verdict.judge`` measures the same numbers from its free-running
+``harness.production.judging.trace_judge`` measures the same numbers from its free-running
 reference run, so every side-by-side / bisect report carries them.
 ``uncovered(measured)`` names the regimes no case of a set exercises above
 its threshold (tests/cpu/test_regimes.py holds the default bisect set to it).
@@ -235,7 +235,7 @@ def _partial(cfg, weights, first, steps, kv_cache_dtype: str = "auto"):
 
 def measure(case) -> dict:
     """Regime values of a ``side_by_side.GpuCase`` (CPU, float64 reference)."""
-    from harness.production.cases import case_inputs
+    from harness.production.case_inputs import case_inputs
 
     hf, _, weights = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)

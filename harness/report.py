@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from .atomic import atomic_write, atomic_write_json
-from .compare import COMPONENTS, Report
+from .trace_compare import COMPONENTS, Report
 
 
 def write_report(path: str | Path, reports: dict[str, Report], meta: dict | None = None) -> Path:

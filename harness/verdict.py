@@ -1,9 +1,9 @@
 """``Verdict``: what a judge decides about one run, as one typed record.
 
-The module judge (``harness.production.verdict.judge.judge``) and the TP judge
+The module judge (``harness.production.judging.trace_judge.judge``) and the TP judge
 (``harness.production.tp.multigpu.run_case_tp``) return one, so do the engine judge
-(``harness.production.engine.judge.run_case`` / ``rejudge``) and a golden check
-(``harness.goldens.Checked.verdict``); callers read its fields, never keys of
+(``harness.production.engine.generation_judge.run_case`` / ``rejudge``) and a golden check
+(``harness.goldens.store.Checked.verdict``); callers read its fields, never keys of
 a dict. Its report, the JSON written to disk and compared across runs, is ``to_report()``: the same
 keys in the same order as the judge's dict before this record existed.
 
@@ -44,7 +44,7 @@ class Verdict:
     reference: dict | None = None
     # production's trace normalised as compared (indexer scale recovered, routing sorted, ties masked)
     trace_compared: dict | None = None
-    # the component-by-component comparison (``harness.compare.Report``): the saved report's table
+    # the component-by-component comparison (``harness.trace_compare.Report``): the saved report's table
     comparison: Any = None
     # TP: the two judged runs {"tp1": Verdict, "tpn": Verdict} and TP = N vs TP = 1 (a Report)
     parts: dict = dataclasses.field(default_factory=dict)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .config import ConfigError, MTPConfig, RopeConfig  # torch-free
+# torch-free; re-exported (the `X as X` form: __all__ below is computed, so a linter cannot read it)
+from .config import ConfigError as ConfigError, MTPConfig as MTPConfig, RopeConfig as RopeConfig
 
 # the rest imports torch: loaded on first use (PEP 562), so reading a config or a preset
 # (``harness warmup`` / ``compare`` checking their arguments) never imports torch

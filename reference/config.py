@@ -25,16 +25,15 @@ import dataclasses
 import math
 from typing import Any
 
+from .config_checks import validate_hf_config
+from .config_error import ConfigError
+
 SPARSE_LAYER_TYPES = (  # vLLM's _SPARSE_LAYER_TYPES (attention.py)
     "sparse_attention",
     "sparse",
     "indexed_attention",
     "deepseek_sparse_attention",
 )
-
-
-class ConfigError(ValueError):
-    """A config that the reference (or vLLM's kernels) cannot run."""
 
 
 # rope_type -> the vLLM 0.33 RoPE class ``get_rope`` builds for it (the ones modelled here).
@@ -277,8 +276,6 @@ class MTPConfig:
     @classmethod
     def from_hf_dict(cls, hf: dict, **overrides: Any) -> "MTPConfig":
         """Build from a HY V4 ``config.json`` dict (HYV4Config defaults apply)."""
-        from .config_checks import validate_hf_config
-
         validate_hf_config(hf)  # types, ranges, NaN: what vLLM would refuse or misread, by key
         d = {f.name: f.default for f in dataclasses.fields(cls)}
         for key in d:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from .config import ConfigError
+from .config_error import ConfigError
 
 # HYV4Config's declared scalar fields (strict types) that the harness or vLLM's
 # MTP path reads, with the smallest value that makes sense for each.

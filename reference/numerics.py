@@ -10,8 +10,8 @@ stay float32 (as vLLM keeps them). RMSNorm rounds twice (the normalized x,
 then its product with the bf16 weight) and the RoPE cos/sin tables are bf16
 built from float32 angles, as vLLM's (``norms.rms_norm``, ``rope.cos_sin``;
 both pinned bitwise to vLLM's pure functions on CPU). The activation
-quantization of FP8 GEMMs is ``harness.production.fp8_emulation.Fp8Numerics``. FP8 quantization steps of the model (the
-indexer's q and k) are part of the spec and happen in both modes.
+quantization of FP8 GEMMs is ``harness.production.judging.fp8_numerics.Fp8Numerics``. FP8 quantization steps of the
+model (the indexer's q and k) are part of the spec and happen in both modes.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ from reference.config import MTPConfig
 
 from .options import EXPERT_LAYOUTS, NAMINGS
 
+# the tensors the MTP head shares with the target: checkpoint name -> canonical name
+SHARED = {"model.embed_tokens.weight": "embed_tokens", "lm_head.weight": "lm_head"}
+
 # canonical leaf -> checkpoint leaf (both relative to their layer prefix)
 _LEAF = {
     "enorm": "enorm.weight",

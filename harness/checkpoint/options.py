@@ -63,7 +63,8 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
                              "'<layer prefix>.*'; repeatable)")
     parser.add_argument("--bf16-indexer-wk", action="store_true",
                         help="keep the indexer wk in bf16 in FP8 checkpoints (default: FP8 + weight_scale_inv)")
-    parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR, only one the harness wrote (its .hyv4-harness-written.json "
+    parser.add_argument("--force", action="store_true",
+                        help="replace a non-empty OUT_DIR, only one the harness wrote (its .hyv4-harness-written.json "
                         "lists every file in it; anything else there is refused, exit 2)")
     parser.add_argument("--ct-ignore", choices=CT_IGNORE_STYLES, default="regex",
                         help="compressed-tensors: how the ignore list names the MTP modules kept bf16: 'regex' "

@@ -37,7 +37,8 @@ from harness.atomic import NotRegularFile, atomic_write_dir, write_errors, write
 from .errors import CheckpointError
 from .names import canonical_leaf, parse_layer_name, to_checkpoint
 from .options import CT_QUANTS, EXPERT_LAYOUTS, EXPERT_SCALE_SUFFIXES, NAMINGS, QUANTS, SCALE_DTYPES
-from .quant import DEFAULT_BLOCK, encode_scale, quantization_config, quantize_weight, vllm_reinterprets_uint8
+from .quant import DEFAULT_BLOCK, encode_scale, quantize_weight, vllm_reinterprets_uint8
+from .quant_config import quantization_config
 
 
 def synth_config(preset_name: str = "tiny", *, mtp_layers: int = 1, index_share: bool = False,
@@ -93,7 +94,7 @@ def checkpoint_tensors(hf: dict, weights: dict[str, torch.Tensor], *, naming: st
 
     modelopt-fp8-pb and the compressed-tensors quants keep the indexer wk in bf16
     (``indexer_wk_fp8`` is ignored) and write no ``mtp_quant_algo`` (the MTP layers inherit the
-    checkpoint's config); ``ct_ignore_style``: ``quant.ct_ignore``'s style."""
+    checkpoint's config); ``ct_ignore_style``: ``quant_config.ct_ignore``'s style."""
     if naming not in NAMINGS:
         raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
     if experts not in EXPERT_LAYOUTS:

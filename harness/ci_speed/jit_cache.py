@@ -26,8 +26,7 @@ JIT_CACHE_LAYOUT = {
 }
 # Python bytecode is a JIT layer too: some GPU hosts set PYTHONDONTWRITEBYTECODE and ship
 # torch without .pyc files, so every process re-compiled the sources of torch, transformers and
-# vLLM (measured there: `import torch, transformers.modeling_utils` 11-14 s each time, 4.2-5.0 s
-# with a bytecode cache; cProfile of a warm `harness main`: 14.3 s in `compile`). With a cache
+# vLLM, about three times slower than with a bytecode cache (benchmarks/NOTES.md). With a cache
 # root, bytecode is written under ROOT/pycache (Python validates each .pyc against its source's
 # mtime and size, so a changed source is recompiled, never served stale).
 BYTECODE_VAR = "PYTHONPYCACHEPREFIX"
@@ -81,8 +80,7 @@ def _write_bytecode_under(prefix: str) -> None:
 
 # transformers calls ``importlib.metadata.packages_distributions()`` when it is imported. That reads
 # the RECORD of every installed distribution without a top_level.txt and stats each file listed
-# there (measured: 3.05 s of import self time in a warm `harness main`, `-X importtime`; 34k stat
-# calls in its cProfile), in every process that imports vLLM. Its
+# there (seconds of import time: benchmarks/NOTES.md), in every process that imports vLLM. Its
 # answer depends only on the installed distributions, so it is kept under the cache root, keyed
 # by the Python, ``sys.path`` and each path entry's distribution directories with their mtimes
 # (an install, upgrade or removal changes the key), and recomputed on any change.
@@ -115,7 +113,6 @@ def memoize_packages_distributions(directory: str) -> None:
     compute it as before and keep the answer there. The same dict either way (JSON keeps the
     order of keys and lists). A layer that cannot be read or written only costs the time."""
     import importlib.metadata as md
-    import json
     import os
 
     if getattr(md.packages_distributions, "_hyv4_memo_of", None) is not None:
@@ -147,17 +144,16 @@ def memoize_packages_distributions(directory: str) -> None:
 
 
 # A cold bytecode layer (a fresh host) is filled by the first process, one module at a time as
-# it imports (measured: a cold `harness main` spent 42 s before vLLM's first log line, 9.5 s
-# warm). Where the host has the cores, ``precompile_bytecode`` compiles these packages'
+# it imports (a cold `harness main` waits several times longer before vLLM's first log line).
+# Where the host has the cores, ``precompile_bytecode`` compiles these packages'
 # sources all at once instead (``compileall``, one process per core), before they are imported.
-# Measured: torch, vLLM and transformers in 4.2-5.2 s; `import vllm.models.hy_v4` (what
-# vLLM's model-class inspection subprocesses import, several at once on a cold host) then still
-# spent over 0.5 s each compiling sympy, scipy, pandas, networkx, openai, torchvision and numpy
-# (`-X importtime` with an empty layer: 33 s of import self time, 15.5 s of it the first three).
+# Beyond torch, vLLM and transformers, `import vllm.models.hy_v4` (what vLLM's model-class
+# inspection subprocesses import, several at once on a cold host) compiles sympy, scipy, pandas,
+# networkx, openai, torchvision and numpy (the figures: benchmarks/NOTES.md).
 PRECOMPILE_PACKAGES = ("torch", "vllm", "transformers",
                        "sympy", "scipy", "pandas", "networkx", "openai", "torchvision", "numpy")
-PRECOMPILE_MIN_CPUS = 8  # below this, compiling every module (~58 s of CPU for the three, measured
-#                          on CI's 2 cores) costs more than compiling the imported ones as they come
+PRECOMPILE_MIN_CPUS = 8  # below this, compiling every module costs more than compiling the imported
+#                          ones as they come (CI's 2 cores: benchmarks/NOTES.md)
 PRECOMPILED = "hyv4-precompiled.json"  # in the bytecode layer: {package dir: the Python that compiled it}
 
 

@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tarfile
 import zlib
 from pathlib import Path
@@ -63,7 +64,7 @@ KEY_FIELDS = {
     "python": "the interpreter's major.minor (inductor's and the extensions' Python ABI)",
     "capability": "torch.cuda.get_device_capability(), e.g. 9.0: the GPU architecture the kernels are for",
 }
-INFO_FIELDS = ("gpu", "parts", "bytes", "files", "root")  # in MANIFEST too, not part of the key
+INFO_FIELDS = ("gpu", "parts", "bytes", "files", "root", "prefix")  # in MANIFEST too, not part of the key
 ABSENT = "none"  # a package that is not installed: a key value like any other
 PART_BYTES = 50_000_000  # as the vLLM bundle's parts: one plus the working tree fits a 64 MiB transfer
 MAX_PARTS = 100  # part.00 .. part.99, as the bundle's
@@ -248,7 +249,8 @@ def write_pack(root: str, dest: str, key: dict, part_bytes: int = PART_BYTES, in
             out.close()
         (tmp / SUMS).write_text("".join(f"{digest}  {name}\n" for name, digest in out.sums))
         meta.update({**key, "gpu": (info or {}).get("gpu", "?"), "parts": str(len(out.sums)),
-                     "bytes": str(out.total), "files": str(files), "root": root})
+                     "bytes": str(out.total), "files": str(files), "root": root,
+                     "prefix": (info or {}).get("prefix", sys.prefix)})
         extra = "".join(f"{f}={printable(meta[f]).replace(chr(10), ' ')}\n" for f in INFO_FIELDS)
         (tmp / MANIFEST).write_text(key_text + extra)
 
@@ -449,7 +451,6 @@ def restore(pack: str, root: str, here: dict) -> tuple[str, str]:
                 stamp = read_json(f"{where}: its {STAMP}", os.path.join(tmp, STAMP))
             except CLIError:
                 stamp = None
-        _refresh_mtimes(tmp)
         with signals_held():  # every layer in place, or none
             moved = []
             try:
@@ -474,28 +475,30 @@ def restore(pack: str, root: str, here: dict) -> tuple[str, str]:
                     os.unlink(os.path.join(root, STAMP))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    from .ninja_times import date_restored
+
+    try:
+        date_restored([layers[name] for name in moved])
+        dated = ""
+    except OSError as exc:  # the layers are in place; ninja may rebuild what it cannot see as up to date
+        dated = f"; not dated for ninja ({exc.__class__.__name__}: {printable(str(exc))[:120]}): FlashInfer may rebuild"
     line = (f"{where}: restored {len(moved)} layer(s) ({fields.get('parts', '?')} parts, "
             f"{int(fields.get('bytes', 0) or 0) / 2**20:.0f} MiB, key {key_digest(packed)}) into {printable(root)}")
     if kept:
         line += (f"; kept this root's own {', '.join(kept)} (its stamp too: --if-cold runs the steps again, "
                  "compiling only what is missing)")
+    line += dated
     packed_root = fields.get("root")
     if packed_root and os.path.abspath(packed_root) != root:
         line += (f"; packed from cache root {printable(packed_root)}: FlashInfer's ninja builds name their "
                  "absolute paths and rebuild under another root (restore into that path to reuse them)")
+    packed_prefix = fields.get("prefix")
+    if packed_prefix and os.path.abspath(packed_prefix) != os.path.abspath(sys.prefix):
+        line += (f"; packed under the Python environment {printable(packed_prefix)}, this is "
+                 f"{printable(sys.prefix)}: FlashInfer's ninja commands name its include paths and rebuild "
+                 "under another (install the bundle into that path to reuse them)")
     return "restored", line
 
-
-def _refresh_mtimes(tree: str) -> None:
-    """Every restored file and folder dated now (links left as they are): ninja (FlashInfer's JIT)
-    rebuilds an output older than its inputs, and on a fresh host the libraries' sources were
-    installed after the pack was made. Seen on one H200: a pack restored under another root
-    rebuilt FlashInfer's FP8 block GEMM and sampling modules (the first bisect-check took 102 s)."""
-    for dirpath, dirnames, filenames in os.walk(tree):
-        for name in filenames + dirnames:
-            path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                os.utime(path)
 
 
 def _unpack(parts: list[str], dest: str, layers: set[str], where: str) -> None:

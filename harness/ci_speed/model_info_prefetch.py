@@ -93,7 +93,7 @@ def wanted(args) -> bool:
 
 
 def _command(key: str) -> list[str]:
-    return [sys.executable, "-m", __name__, key]
+    return [sys.executable, "-m", "harness", "ci", "prefetch", key]  # inspect_main
 
 
 def start() -> bool:
@@ -191,11 +191,17 @@ def _inspect(key: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
+
+def inspect_main(argv: list[str]) -> int:
+    """``python -m harness ci prefetch KEY``: the background process ``start`` runs (``_inspect``)."""
     import gc
 
-    from harness.ci_speed.jit_cache import apply_jit_cache
+    from .jit_cache import apply_jit_cache
 
+    if len(argv) != 1:
+        print(f"error: python -m harness ci prefetch: one KEY (tree_key), got {len(argv)} argument(s)",
+              file=sys.stderr)
+        return 2
     gc.disable()  # a throwaway process that only imports and inspects (harness.ci_speed.startup_gc.defer_gc)
     apply_jit_cache()  # the parent's root is in the environment: this adds the package-map layer
-    sys.exit(_inspect(sys.argv[1]))
+    return _inspect(argv[0])

@@ -9,7 +9,7 @@ process: start-up, collection, busy seconds, idle seconds, and its last finish, 
 from the earliest process start. The pytest plugin (``pytest_plugin``) registers ``Recorder``; the GPU tier's
 benchmark (``benchmarks/bench_gpu_tier.py``) sets the variable and prints the summary.
 
-    python -m harness.ci_speed.pytest_timeline DIR     # the summary of a recorded run
+    python -m harness ci timeline DIR     # the summary of a recorded run
 """
 
 from __future__ import annotations
@@ -147,10 +147,10 @@ def _main(argv: list[str]) -> int:
     from ..exitcodes import CLIError
 
     if len(argv) != 1 or not pathlib.Path(argv[0]).is_dir():
-        raise CLIError(f"usage: python -m harness.ci_speed.pytest_timeline DIR (a directory of <who>.jsonl; got {argv!r})")
+        raise CLIError(f"usage: python -m harness ci timeline DIR (a directory of <who>.jsonl; got {argv!r})")
     summary = summarize(argv[0])
     if not summary["processes"]:
-        raise CLIError(f"harness.ci_speed.pytest_timeline: {argv[0]}: no <who>.jsonl events")
+        raise CLIError(f"harness ci timeline: {argv[0]}: no <who>.jsonl events")
     print("\n".join(format_summary(summary)))
     return 0
 
@@ -163,6 +163,3 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     return run_guarded(_main, [a for a in argv if a != "--debug"], debug=debug)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 # The cyclic GC while a process starts: importing torch, transformers and vLLM grows the heap by
 # millions of long-lived objects, and each growth step sets off a full collection that walks all
-# of them and frees next to nothing (on this project's CPU machine: 2.25 s of a 13.9 s `import
-# torch, vllm.engine.arg_utils, vllm.models.hy_v4.nvidia.mtp`, 9 full collections; measured with
-# gc.callbacks). A command pauses it from its start (``defer_gc``) until the imports are done and
+# of them and frees next to nothing (a sixth of the imports' time on this project's CPU machine:
+# benchmarks/NOTES.md). A command pauses it from its start (``defer_gc``) until the imports are done and
 # nothing it builds yet exists (``end_gc_deferral``: gc.freeze() moves what exists out of the GC's
 # walk for good, then the GC resumes). The pytest plugin (``pytest_plugin``) does the same for pytest
 # processes.

@@ -59,11 +59,12 @@ import sys
 import tempfile
 import time
 
+from .. import case_registry  # torch-free: the cases' ids and specs, no inputs made
 from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
-from ..production.can_run import GPU_DEVICE_GLOB
 from . import jit_cache, jit_pack
-from .jit_cache import BYTECODE_VAR, JIT_CACHE_ENV, PACKAGE_MAP_VAR, apply_jit_cache, jit_cache_env
+from .kernel_prefetch import PREFETCH, plan_prefetch
+from .jit_cache import JIT_CACHE_ENV, apply_jit_cache
 
 MAX_LANES = 64  # parallel compile processes
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
@@ -74,13 +75,13 @@ def _default_engines() -> tuple[str, ...]:
     every other CUDA-graph engine case (each its own configuration of capture, torch.compile and
     draft-decode kernels: K, index sharing, padded batch sizes). A bisect case with two MTP layers
     runs vLLM's multi-module speculator, whose input kernels (Triton) no one-layer case builds."""
-    from ..production.engine.cases import BISECT_ENGINE_CASE_IDS, ENGINE_CASES
+    engine_cases = case_registry.specs(kind="engine")
 
-    bisect = list(BISECT_ENGINE_CASE_IDS)
+    bisect = [*case_registry.ids(role="bisect", kind="engine"), *case_registry.ids(role="graph-bisect", kind="engine")]
     # (a reload case runs through the engine's reload path, not run_case; its graph kernels are
     # those of the same configuration without the reload)
-    graphs = [cid for cid, spec in ENGINE_CASES.items() if spec.graphs]
-    chosen = [cid for cid in (DEFAULT_ENGINE_CASE, *bisect, *graphs) if ENGINE_CASES[cid].reload_seed is None]
+    graphs = [cid for cid, spec in engine_cases.items() if spec.graphs]
+    chosen = [cid for cid in (DEFAULT_ENGINE_CASE, *bisect, *graphs) if engine_cases[cid].reload_seed is None]
     return tuple(dict.fromkeys(chosen))
 
 
@@ -122,21 +123,21 @@ def add_arguments(p) -> None:
 
 def check_arguments(args) -> None:
     """Bad flags exit 2 before anything is imported or compiled."""
-    from ..production.cases import GPU_CASES
-    from ..production.engine.cases import ENGINE_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    engine_cases = case_registry.specs(kind="engine")
 
     for cid in args.case or ():
-        if cid not in GPU_CASES:
+        if cid not in gpu_cases:
             from ..exitcodes import listed
-            raise CLIError(f"--case {listed([cid])}: unknown; known: {listed(GPU_CASES, 40)}")
+            raise CLIError(f"--case {listed([cid])}: unknown; known: {listed(gpu_cases, 40)}")
     if getattr(args, "engine_only", False) and (args.case or args.no_engine):
         raise CLIError(f"--engine-only and {'--case' if args.case else '--no-engine'}: choose one")
     if getattr(args, "lanes", 1) < 1:
         raise CLIError(f"--lanes {args.lanes}: give 1 or more")
     for eid in engines_of(args):
-        if eid not in ENGINE_CASES:
+        if eid not in engine_cases:
             from ..exitcodes import listed
-            raise CLIError(f"--engine {listed([eid])}: unknown; known: {listed(ENGINE_CASES, 40)}")
+            raise CLIError(f"--engine {listed([eid])}: unknown; known: {listed(engine_cases, 40)}")
     restore = getattr(args, "restore", None)
     if getattr(args, "restore_only", False) and (not restore or args.pack):
         raise CLIError("--restore-only " + ("and --pack: choose one (--restore-only warms nothing to pack)"
@@ -233,14 +234,14 @@ def plan_lanes(cases: list[str], engines, lanes: int) -> tuple[str | None, list[
     (``engines``: an id, a list of ids or None), real dims, the other bf16 cases, in that order
     of their cold cost -- goes to lane i mod ``lanes``. A lane is {"cases": [...], "engines":
     [...]}; a family that is not wanted leaves no lane."""
-    from ..production.cases import GPU_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
     engines = [] if engines is None else [engines] if isinstance(engines, str) else list(engines)
-    bf16 = [c for c in cases if GPU_CASES[c].quant == "bf16" and GPU_CASES[c].preset != "real-dims"]
+    bf16 = [c for c in cases if gpu_cases[c].quant == "bf16" and gpu_cases[c].preset != "real-dims"]
     lead = bf16[0] if bf16 and len(cases) + len(engines) > 1 else None
-    families = [{"cases": [c for c in cases if GPU_CASES[c].quant != "bf16"], "engines": []},
+    families = [{"cases": [c for c in cases if gpu_cases[c].quant != "bf16"], "engines": []},
                 *({"cases": [], "engines": [e]} for e in engines),
-                {"cases": [c for c in cases if GPU_CASES[c].preset == "real-dims" and GPU_CASES[c].quant == "bf16"],
+                {"cases": [c for c in cases if gpu_cases[c].preset == "real-dims" and gpu_cases[c].quant == "bf16"],
                  "engines": []},
                 {"cases": [c for c in bf16 if c != lead], "engines": []}]
     families = [f for f in families if f["cases"] or f["engines"]]
@@ -250,74 +251,6 @@ def plan_lanes(cases: list[str], engines, lanes: int) -> tuple[str | None, list[
         lane["cases"] += fam["cases"]
         lane["engines"] += fam["engines"]
     return lead, out
-
-
-# Kernels a library builds alone, from its own JIT entry point, sharing no kernel with the
-# lead: started BESIDE the lead (t = 0) instead of in a lane after it. The lanes that need
-# one wait on the library's own build lock and load what it built (FlashInfer's
-# ``build_and_load``: a file lock, then a second look at the cache). Each entry is
-# name -> (whether the steps to warm need it: a predicate on (GpuCases, engine wanted), the
-# child's code). The child first asks vLLM, where vLLM has a predicate for it, whether it
-# would use the kernel on this GPU, and exits 0 having built nothing when not.
-# Why these: in a serial warmup on a fresh host FlashInfer's JIT modules are the long single
-# compiles of the whole warmup, each inside one step.
-_PREFETCH_HEAD = ("import glob, sys\n"  # no NVIDIA device node: said before importing torch (~4 s of CPU)
-                  f"if not glob.glob({GPU_DEVICE_GLOB!r}):\n"
-                  "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n"
-                  "import torch\n"
-                  "if not torch.cuda.is_available():\n"
-                  "    print('prefetch: no CUDA device; nothing built'); sys.exit(0)\n")
-
-
-def _prefetch_code(check: str, why_not: str, build: str) -> str:
-    return (_PREFETCH_HEAD + f"{check}\n    print({'prefetch: ' + why_not + '; nothing built'!r}); sys.exit(0)\n"
-            f"{build}\nprint('prefetch: built')\n")
-
-
-def _is_yarn(case) -> bool:
-    cfg = case.hf_config()
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    return "yarn" in str(rope.get("rope_type", rope.get("type", "")))
-
-
-PREFETCH = {
-    # fp8_blockscale_gemm_90: 146-184 s of nvcc; vLLM picks it for 128x128-block FP8 linears on SM90.
-    "flashinfer-fp8-blockscale-gemm-sm90": (
-        lambda cases, engine: any(c.quant != "bf16" for c in cases),
-        _prefetch_code(
-            "from vllm.utils.flashinfer import is_flashinfer_fp8_blockscale_gemm_supported\n"
-            "if torch.cuda.get_device_capability() != (9, 0) or not is_flashinfer_fp8_blockscale_gemm_supported():",
-            "vLLM would not pick this kernel here",
-            "from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90\n"
-            "get_fp8_blockscale_gemm_runner_sm90()")),
-    # sampling: ~117 s of the engine's first start (22:18:28 -> 22:20:25 in that log); vLLM's
-    # sampler uses it for top-p / top-k when flashinfer_sampler_supported().
-    "flashinfer-sampling": (
-        lambda cases, engine: engine,
-        _prefetch_code(
-            "from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported\n"
-            "if not flashinfer_sampler_supported():",
-            "vLLM would not use FlashInfer's sampler here",
-            "from flashinfer.sampling import get_sampling_module\nget_sampling_module()")),
-    # rope: most of the yarn case's 48-64 s; vLLM's DeepSeek yarn rotary embedding applies it
-    # through FlashInfer (its own per-layer condition needs a model config: checked here is
-    # only that vLLM sees FlashInfer).
-    "flashinfer-rope": (
-        lambda cases, engine: any(_is_yarn(c) for c in cases),
-        _prefetch_code(
-            "from vllm.utils.flashinfer import has_flashinfer\n"
-            "if not has_flashinfer():",
-            "vLLM does not see FlashInfer",
-            "from flashinfer.rope import get_rope_module\nget_rope_module()")),
-}
-
-
-def plan_prefetch(cases: list[str], engine: bool = False) -> list[str]:
-    """The ``PREFETCH`` kernels the steps to warm (module-level ``cases``, an ``engine``) may need."""
-    from ..production.cases import GPU_CASES
-
-    gpu_cases = [GPU_CASES[c] for c in cases]
-    return [name for name, (needed, _) in PREFETCH.items() if needed(gpu_cases, engine)]
 
 
 def _lane_command(cases: list[str], engines: list[str], report: str) -> list[str]:
@@ -419,7 +352,7 @@ def run_lanes(lead: str | None, lanes: list[dict], log=print, prefetch: list[str
 
 def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
     """Start each lane of ``wave`` (numbered from ``n + 1``), one ``python -m harness warmup`` process each."""
-    from ..production.engine.cases import engine_env
+    from ..production.engine.engine_env import engine_env
 
     running = []
     for lane in wave:
@@ -469,13 +402,13 @@ def run(args, log=print) -> dict:
     jit_cache.precompile_bytecode()  # --cache DIR: its bytecode layer (cli.main did $HYV4_JIT_CACHE's)
     root = os.environ.get(JIT_CACHE_ENV)
     phases["bytecode"] = round(time.perf_counter() - t_origin, 2)
-    from ..production.cases import GPU_CASES  # torch-free, as the engine cases: the plan needs neither
-    from ..production.engine.cases import ENGINE_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    engine_cases = case_registry.specs(kind="engine")
 
-    cases = [] if getattr(args, "engine_only", False) else args.case or list(GPU_CASES)
-    wanted = {cid: fingerprint(GPU_CASES[cid]) for cid in cases}
+    cases = [] if getattr(args, "engine_only", False) else args.case or list(gpu_cases)
+    wanted = {cid: fingerprint(gpu_cases[cid]) for cid in cases}
     for eid in engines_of(args):
-        wanted[eid] = fingerprint(ENGINE_CASES[eid])
+        wanted[eid] = fingerprint(engine_cases[eid])
     rep = {"cache_root": root, "set": set_vars, "steps": [], "skipped_warm": [], "versions": None,
            "size_before": cache_size(root) if root else None}
 
@@ -527,16 +460,16 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
     """Every step of ``todo`` in this process, in order, each stamped as it ends."""
     import torch
 
-    from ..production.cases import GPU_CASES
-    from ..production.engine.cases import ENGINE_CASES
-    from ..production.engine.judge import run_case as run_engine_case
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    engine_cases = case_registry.specs(kind="engine")
+    from ..production.engine.generation_judge import run_case as run_engine_case
     from ..production.module.side_by_side import run_production_side
 
     def step(name, fn):
         t0 = time.perf_counter()
         try:
             fn()
-        except Exception as exc:  # noqa: BLE001 - reported with its name, exit 125
+        except Exception as exc:  # reported with its name, exit 125
             raise CannotJudge(f"warmup {name}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}") from exc
         dt = time.perf_counter() - t0
         rep["steps"].append({"name": name, "seconds": round(dt, 2)})
@@ -546,7 +479,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
 
     engines = [e for e in engines_of(args) if e in todo]
     for cid in (c for c in cases if c in todo):
-        case = GPU_CASES[cid]
+        case = gpu_cases[cid]
 
         def module_level(case=case):
             try:
@@ -559,7 +492,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
         step(cid, module_level)
     for i, eid in enumerate(engines):
         if i == 0:  # the first engine in this process, as the module cases
-            step(eid, lambda eid=eid: run_engine_case(ENGINE_CASES[eid], log=lambda *a, **k: None))
+            step(eid, lambda eid=eid: run_engine_case(engine_cases[eid], log=lambda *a, **k: None))
         else:  # a further vllm.LLM in one process is not what the tier runs: its own process each
             step(eid, lambda eid=eid: _engine_in_child(eid))
 

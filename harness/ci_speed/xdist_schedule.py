@@ -9,7 +9,7 @@ slice holds about the same expected seconds, longest first (the tail, what gets 
 the short tests).
 
 The expected seconds come from a measured run's JUnit (``durations.json`` beside the GPU
-tests, written by ``python -m harness.ci_speed.xdist_schedule``); a test it does not know counts as the median. A stale file
+tests, written by ``python -m harness ci schedule``); a test it does not know counts as the median. A stale file
 only makes the schedule worse, never a verdict different: the order of independent tests.
 Every worker computes the same order (same items, same costs, same worker count), as xdist
 requires.
@@ -17,8 +17,6 @@ requires.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import xml.etree.ElementTree as ET
 
@@ -79,7 +77,7 @@ def junit_durations(junit_xml: str) -> dict[str, float]:
     return out
 
 
-USAGE = "usage: python -m harness.ci_speed.xdist_schedule JUNIT.xml DEST.json 'which run (host, commit)'"
+USAGE = "usage: python -m harness ci schedule JUNIT.xml DEST.json 'which run (host, commit)'"
 
 
 def _main(argv: list[str]) -> int:
@@ -117,8 +115,3 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_guarded(_main, [a for a in argv if a != "--debug"], debug="--debug" in argv)
 
-
-if __name__ == "__main__":  # python -m harness.ci_speed.xdist_schedule JUNIT.xml DEST.json "which run"
-    import sys
-
-    sys.exit(main())

@@ -18,7 +18,7 @@ end that judges good, a judge that answers 2); 125 no single commit can be named
 commits left, the bad end cannot be judged, the bisect aborted); 130 / 143 interrupted (the tree
 restored first).
 
-``python -m harness.commands.autobisect --step CONFIG`` is the step ``git bisect run`` runs.
+``python -m harness autobisect-step --step CONFIG`` is the step ``git bisect run`` runs.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _check(args) -> None:
             raise CLIError(f"--release-site {site}: no installed vllm/ package here")
         args.release_site = site
         if args.baseline is not None:
-            from harness.production.goldens import baseline
+            from harness.goldens import baseline
             baseline.read_stamp(args.baseline)
     elif not args.judge.strip():
         raise CLIError("--judge is empty")
@@ -126,7 +126,7 @@ def cmd_autobisect(args) -> int:
         cfg_path.write_text(json.dumps(config, indent=1))
         # -P: the step runs in the source tree, whose folders (vllm/ ...) must not come first on sys.path
         safe = ["-P"] if sys.version_info >= (3, 11) else []
-        step = [sys.executable, *safe, "-m", "harness.commands.autobisect", "--step", str(cfg_path)]
+        step = [sys.executable, *safe, "-m", "harness", "autobisect-step", "--step", str(cfg_path)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         print(f"autobisect: {args.source} {args.good}..{args.bad}, session {session!r}, "
@@ -203,7 +203,8 @@ def _conclude(args, res, steps: list[dict], session: str) -> int:
         first = first_divergent(doc)
         out["first_divergent"] = first
         print(f"culprit: {res.culprit} {res.subject}")
-        print(f"first divergent: {first or 'not named (the step wrote no report naming one; exit ' + str(step.get('exit')) + ')'}")
+        unnamed = f"not named (the step wrote no report naming one; exit {step.get('exit')})"
+        print(f"first divergent: {first or unnamed}")
     else:
         aborted = [s for s in steps if s.get("exit") not in (0, 1, 125)]
         if aborted:
@@ -212,7 +213,7 @@ def _conclude(args, res, steps: list[dict], session: str) -> int:
                     "the bisect stopped")
             code = EXIT_USAGE if s.get("exit") == EXIT_USAGE else EXIT_CANNOT_JUDGE
         elif res.candidates:
-            line = (f"cannot judge: only skipped commits left; the culprit is one of: "
+            line = ("cannot judge: only skipped commits left; the culprit is one of: "
                     + ", ".join(c[:12] for c in res.candidates))
             code = EXIT_CANNOT_JUDGE
         else:
@@ -304,7 +305,7 @@ def run_step(cfg: dict) -> int:
 def step_main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m harness.commands.autobisect")
+    ap = argparse.ArgumentParser(prog="python -m harness autobisect-step")
     ap.add_argument("--step", required=True, metavar="CONFIG")
     a = ap.parse_args(argv)
     try:
@@ -314,6 +315,3 @@ def step_main(argv=None) -> int:
         return 128
     return run_step(cfg)
 
-
-if __name__ == "__main__":
-    sys.exit(step_main())

@@ -1,12 +1,12 @@
-"""``python -m harness.production.engine``'s arguments, checked before torch or vLLM is imported.
+"""``python -m harness engine``'s arguments, checked before torch or vLLM is imported.
 
-    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
-    python -m harness.production.engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
+    python -m harness engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
+    python -m harness engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
 
 What an engine run does: ``harness/production/engine/session.py``'s docstring (build, load,
 audit), ``taps.py`` (recording) and ``judge.py`` (replay, verdict, sweep, re-judge). Bad input is
 exit 2 and a host that cannot run production is exit 125, both answered without importing torch
-(~2.5 s of CPU); only then is ``harness.production.engine.judge`` imported for the work; the
+(~2.5 s of CPU); only then is ``harness.production.engine.generation_judge`` imported for the work; the
 verdict lines and the reports are printed and written here.
 """
 
@@ -16,21 +16,21 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import traceback
 
 from harness.atomic import atomic_write_json
 from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK
-from harness.production.engine.cases import ENGINE_CASES
+from harness.case_registry import specs as case_specs
+from harness.production.engine.process import ENGINE_COMMAND
 
 
 def main(argv=None) -> int:
     """Exit codes are ``harness.exitcodes``'s; an error is one line (``--debug``: with its traceback)."""
     from harness.exitcodes import OneLineParser, run_guarded
 
-    ap = OneLineParser(prog="python -m harness.production.engine", description=__doc__,
+    ap = OneLineParser(prog="python -m harness engine", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", action="append", choices=sorted(ENGINE_CASES),
+    ap.add_argument("--case", action="append", choices=sorted(case_specs(kind="engine")),
                     help="case id (default: all)")
     ap.add_argument("--out", default=None, help="directory for engine_mtp_<case>.json (default $HYV4_REPORT_DIR)")
     ap.add_argument("--rejudge", metavar="DIR", default=None,
@@ -127,13 +127,13 @@ def run_checked(args, mutants) -> int:
     """The engine command once its arguments are checked and production can run here
     (``main``): the sweep, or each case (one process per engine)."""
     from harness.exitcodes import CLIError
-    from harness.production.engine.judge import run_case, run_mutant_sweep, worst_exit_code
+    from harness.production.engine.generation_judge import run_case, run_mutant_sweep, worst_exit_code
 
     out = args.out or os.environ.get("HYV4_REPORT_DIR") or None
     check_out_dir(out, "--out" if args.out else "$HYV4_REPORT_DIR")
     if args.sweep:
         try:
-            doc = run_mutant_sweep(ENGINE_CASES[args.case[0]], mutants, out=out)
+            doc = run_mutant_sweep(case_specs(kind="engine")[args.case[0]], mutants, out=out)
         except Exception as exc:  # noqa: BLE001 - a crash in vLLM: cannot judge (a load failure: 1)
             return _case_failed(args.case[0], exc, args.debug)[1]
         bad = [r["label"] for r in doc["runs"] if not r["ok"]]
@@ -141,9 +141,10 @@ def run_checked(args, mutants) -> int:
               f"{'all caught, named first, pristine runs pass' if not bad else 'NOT OK: ' + ', '.join(bad)} "
               f"({doc['wall_s']:.0f} s)", flush=True)
         return EXIT_OK if not bad else EXIT_MISMATCH
-    ids = args.case or list(ENGINE_CASES)
+    engine_cases = case_specs(kind="engine")
+    ids = args.case or list(engine_cases)
     if len(ids) > 1:  # one engine per process: vLLM's distributed state and GPU memory are per process
-        return worst_exit_code([subprocess.call([sys.executable, "-m", "harness.production.engine", "--case", cid]
+        return worst_exit_code([subprocess.call([*ENGINE_COMMAND, "--case", cid]
                                                 + (["--out", out] if out else [])
                                                 + (["--debug"] if args.debug else [])
                                                 + (["--history", args.history] if args.history else [])
@@ -151,13 +152,14 @@ def run_checked(args, mutants) -> int:
     codes = []
     for cid in ids:
         try:
-            if ENGINE_CASES[cid].reload_seed is not None:  # weights updated in place (engine/reload.py)
+            case = engine_cases[cid]
+            if case.reload_seed is not None:  # weights updated in place (engine/reload.py)
                 if args.mutant:
                     raise CLIError(f"--case {cid} --mutant: a reload case takes no planted speculator bug")
                 from harness.production.engine.reload import run_reload_engine_case
-                rep = run_reload_engine_case(ENGINE_CASES[cid], out=out).to_report()
+                rep = run_reload_engine_case(case, out=out).to_report()
             else:
-                rep = run_case(ENGINE_CASES[cid], out=out, mutant=args.mutant).to_report()
+                rep = run_case(case, out=out, mutant=args.mutant).to_report()
         except Exception as exc:  # noqa: BLE001 - a crash in vLLM: cannot judge (a load failure: 1)
             rep, code = _case_failed(cid, exc, args.debug)
         else:
@@ -176,7 +178,7 @@ def rejudge_dir(src: str, case_ids, out: str | None, *, debug: bool = False) -> 
     """Re-judge every saved recording ``engine_calls_<case>.*`` in ``src`` on CPU (no vLLM)."""
     import glob
 
-    from harness.production.engine.judge import rejudge, worst_exit_code
+    from harness.production.engine.generation_judge import rejudge, worst_exit_code
 
     from harness.exitcodes import CLIError
 
@@ -205,7 +207,7 @@ def rejudge_dir(src: str, case_ids, out: str | None, *, debug: bool = False) -> 
 
 
 def _print_verdict(title: str, rep: dict) -> int:
-    from harness.production.engine.judge import acceptance_disagreements, upstream_gap, verdict_problems
+    from harness.production.engine.generation_judge import acceptance_disagreements, upstream_gap, verdict_problems
 
     problems = rep["problems"] if rep.get("problems") is not None else verdict_problems(rep)
     comp = rep.get("compilation") or {}

@@ -116,7 +116,8 @@ def with_history(kind: str, args, fn) -> int:
 
 def add_arguments(p) -> None:
     p.add_argument("--history", default=None, metavar="PATH", help=f"the run history (default ${HISTORY_ENV})")
-    p.add_argument("--platform", default=None, help="only runs whose platform key contains this (GPU name, torch, CUDA)")
+    p.add_argument("--platform", default=None,
+                   help="only runs whose platform key contains this (GPU name, torch, CUDA)")
     p.add_argument("--release", default=None, help="only runs of this vLLM version (a prefix: 0.34 matches 0.34.0)")
     p.add_argument("--case", default=None, help="only rows of cases whose id contains this")
     p.add_argument("--since", default=None, metavar="DATE", help="only runs started on or after DATE (YYYY-MM-DD)")
@@ -373,8 +374,8 @@ def record_tier(history: str, directories, exit_status: int, *, started_at: str 
     versions = None
     if not any(isinstance(e.get("versions"), dict) for e in engines):
         try:
-            from harness.production.goldens.platform_key import platform
-            import vllm  # noqa: F401 - the version the tier judged
+            from harness.goldens.platform_key import platform
+            import vllm  # the version the tier judged
             versions = {**platform(), "vllm": vllm.__version__}
         except Exception:  # noqa: BLE001 - metadata: a run without it is still recorded
             versions = None

@@ -123,7 +123,7 @@ def cmd_nightly(args) -> int:
         if not os.path.isdir(args.source):
             raise CLIError(f"--source {args.source}: not a directory")
     if args.baseline is not None:
-        from harness.production.goldens import baseline
+        from harness.goldens import baseline
         baseline.read_stamp(args.baseline)
     out = Path(args.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)

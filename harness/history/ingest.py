@@ -7,7 +7,7 @@ What it reads (each format as its producer writes it):
   ``cases`` -> one component row per (case, component) with max |d|, mean |d|, max rel, the
   tolerance and the verdict; ``meta.versions`` -> the platform key and the vLLM version;
   ``meta.engine`` (bisect-check's engine cases) -> acceptance and engine components;
-- an engine report (``engine_mtp_<case>.json``, ``python -m harness.production.engine``): its
+- an engine report (``engine_mtp_<case>.json``, ``python -m harness engine``): its
   ``components`` (max |d| over the draft calls), ``acceptance`` (per request, vLLM's definition),
   ``versions``, ``timing_s``;
 - the GPU tier's side-by-side lines (``gpu_side_by_side.jsonl``, one module verdict per line:
@@ -102,7 +102,7 @@ def _ratio(max_abs, atol) -> float | None:
 
 
 def component_rows(case_id: str, rep: dict) -> list[dict]:
-    """Rows of one case of a harness report (``harness.compare.Report.as_dict``)."""
+    """Rows of one case of a harness report (``harness.trace_compare.Report.as_dict``)."""
     out = []
     for c in rep.get("components") or []:
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):

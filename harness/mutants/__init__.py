@@ -11,7 +11,7 @@ of each mutant is built fresh and thrown away afterwards; attribute and hook
 changes are undone in a ``finally`` as well, so mutants are independent.
 
 A mutant is *detected* when the side-by-side verdict
-(``harness.production.verdict.judge``) fails, or when the run raises after the mutant was
+(``harness.production.judging.trace_judge``) fails, or when the run raises after the mutant was
 applied while the same case passes unmutated (the control). ``not-applicable``
 (the attribute the mutant needs is absent in this vLLM build) is reported
 apart from ``missed``. Exit: 0 every selected mutant detected, 1 otherwise,
@@ -37,7 +37,7 @@ Layout (one module per component area; the catalogue is derived from the compone
 
 May import: torch, vLLM (lazily), ``reference``, ``harness`` and ``harness.production``
 (``cases``, ``module``, ``engine.speculator_mutants``); nothing in ``harness`` below
-``harness.cli`` / ``harness.commands.compare`` imports it at module level.
+``harness.cli`` / ``harness.commands`` imports it at module level.
 """
 
 from .base import Ctx, Mutant, MutantNotApplicable, Planted, need
@@ -47,7 +47,8 @@ from .driver import (_RunRaised, case_by_id, mutants_command, run_catalogue, run
                      run_planted)
 
 __all__ = [
-    "BY_NAME", "CATALOGUE", "Ctx", "GOLDEN_CATALOGUE", "Mutant", "MutantNotApplicable", "Planted", "ROPE_PARAMS", "_RunRaised",
+    "BY_NAME", "CATALOGUE", "Ctx", "GOLDEN_CATALOGUE", "Mutant", "MutantNotApplicable", "Planted", "ROPE_PARAMS",
+    "_RunRaised",
     "case_by_id", "format_list", "mutants_command", "need", "rope_cross_check",
     "routing_cross_check", "run_catalogue", "run_control", "run_mutant", "run_planted", "select",
     "vllm_hf_config",

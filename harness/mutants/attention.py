@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from .base import (CT_CHANNEL, FP8KV, HEADWISE, K1, K3SHARE, LONGSHARE, MODELOPT_DENSE, Ctx, MutantNotApplicable, Planted,
-                   _impl, _neox_copy, _param, need)
+from .base import (CT_CHANNEL, FP8KV, HEADWISE, K1, K3SHARE, LONGSHARE, MODELOPT_DENSE, Ctx, MutantNotApplicable,
+                   Planted, _impl, _neox_copy, _param, need)
 from .cpu import cpu_rope_neox
 
 
@@ -186,7 +186,8 @@ def _gate_hooks(ctx: Ctx, remap: Callable[[torch.Tensor, torch.Tensor], torch.Te
     if getattr(sa, "use_hpc_gated_mla", False):
         raise MutantNotApplicable("HPC fused gated-MLA GEMM in use: the gate is not a separate op")
     store: dict = {}
-    ctx.hook(gate.register_forward_hook(lambda _m, _a, out: store.__setitem__("g", out[0] if isinstance(out, tuple) else out)))
+    ctx.hook(gate.register_forward_hook(
+        lambda _m, _a, out: store.__setitem__("g", out[0] if isinstance(out, tuple) else out)))
 
     def pre(_m, args):
         g = store.pop("g", None)

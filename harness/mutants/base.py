@@ -7,10 +7,11 @@ cases the mutants run on."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
+from harness.record_checks import RecordError, one_of
 from harness.undo import UndoStack
 
 
@@ -133,12 +134,30 @@ def _neox_copy(ctx: Ctx, rope):
     return new
 
 
-# GPU cases (``harness.production.cases.GPU_CASES``) the mutants run on
+# module cases of the registry (``harness.case_registry``) the mutants run on
 K1, K3SHARE, LONG, LONGSHARE, HEADWISE, CLAMP, MODELOPT_DENSE = (
     "tiny-k1", "tiny-k3-share", "tiny-k2-long", "tiny-k3-long-share", "tiny-k2-headwise", "tiny-k2-clamp-headwise",
     "tiny-k2-modelopt-pb-dense")
 FP8KV = "tiny-k2-long-fp8kv"  # served with an FP8 KV cache (fp8_ds_mla rows)
 CT_CHANNEL = "tiny-k2-ct-fp8-channel-long"  # compressed-tensors channel FP8, ignore list with re: patterns
+
+
+# the catalogue's groups (its tables and ``mutants --list`` group by them) and the CPU checks
+# (``harness.mutants.cpu``) a mutant may name
+MutantGroup = Literal["loading", "attention", "indexer", "moe", "multistep", "tp", "kv-cache"]
+CpuCheck = Literal["rope", "routing", None]
+
+
+def _check_mutant(where: str, m) -> None:
+    """A planted bug names a known group, a known CPU check (with its patch) and a registry case."""
+    from harness import case_registry
+
+    one_of(where, "group", m.group, MutantGroup, "add the group to MutantGroup (the catalogue's tables list it)")
+    one_of(where, "cpu_check", m.cpu_check, CpuCheck, "harness.mutants.cpu runs only these checks")
+    if (m.cpu_check is None) != (m.cpu_apply is None):
+        raise RecordError(f"{where}: cpu_check and cpu_apply go together (the check runs under the patch)")
+    one_of(where, "case", m.case, case_registry.ids(kind="module", without="probe"),
+           "declare the case in harness/case_registry.py (the one list of cases) or pick one there")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,14 +166,17 @@ class Planted:
 
     name: str
     stands_for: str
-    case: str               # GPU case id (harness.production.cases.GPU_CASES or driver._extra_cases)
+    case: str               # module case id of the registry (single GPU, not a probe)
     apply: Callable[[Ctx], None]
-    group: str
+    group: MutantGroup
     cpu_apply: Callable | None = None     # context manager factory patching a pure vLLM function
-    cpu_check: str | None = None          # "rope" or "routing"
+    cpu_check: CpuCheck = None            # "rope" or "routing"
     # context manager factory active while the model is built and loaded (a bug in how vLLM
     # builds the draft: ``apply`` then has nothing left to do after loading)
     build_patch: Callable | None = None
+
+    def __post_init__(self):
+        _check_mutant(f"planted bug {self.name!r}", self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,12 +184,15 @@ class Mutant:
     name: str
     stands_for: str
     component: str          # the canonical component that should flag it first
-    case: str               # GPU case id (side_by_side.GPU_CASES or _extra_cases)
+    case: str               # module case id of the registry (single GPU, not a probe)
     apply: Callable[[Ctx], None]
-    group: str
+    group: MutantGroup
     cpu_apply: Callable | None = None     # context manager factory patching a pure vLLM function
-    cpu_check: str | None = None          # "rope" or "routing"
+    cpu_check: CpuCheck = None            # "rope" or "routing"
     build_patch: Callable | None = None   # active while the model is built and loaded
+
+    def __post_init__(self):
+        _check_mutant(f"mutant {self.name!r}", self)
 
     def row(self) -> dict:
         return {"name": self.name, "group": self.group, "stands_for": self.stands_for,

@@ -19,20 +19,12 @@ from .base import Ctx, Mutant, MutantNotApplicable
 from .catalogue import BY_NAME, format_list, select
 
 
-def _extra_cases() -> dict:
-    """Cases only the mutants use (none at present: the clamp mutants run on the default bisect
-    case tiny-k2-clamp-headwise, swiglu_limit 1.5, ~20 % of the routed SwiGLU elements clamped,
-    harness/regimes.py; the preset's limit 10 never binds on O(1) synthetic activations)."""
-    return {}
-
-
 def case_by_id(case_id: str):
-    from harness.production.cases import GPU_CASES
+    """The module case a mutant runs on: one of the registry's single-GPU module cases (the one list
+    of cases; a case only the mutants use is declared there too)."""
+    from harness.case_registry import spec
 
-    extra = _extra_cases()
-    if case_id in extra:
-        return extra[case_id]
-    return GPU_CASES[case_id]
+    return spec(case_id, kind="module", without="probe")
 
 
 def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
@@ -68,7 +60,8 @@ def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
 
 
 def run_planted(case, name: str) -> Verdict:
-    """``harness.production.verdict.judge`` of ``case`` run with mutant ``name`` planted (``bisect-check --plant``).
+    """``harness.production.judging.trace_judge`` of ``case`` run with mutant ``name`` planted
+    (``bisect-check --plant``).
 
     Raises MutantNotApplicable when the mutant has nothing to act on in this case, _RunRaised
     when production raised after the mutant was applied.

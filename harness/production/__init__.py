@@ -1,11 +1,10 @@
 """vLLM's real ``HYV4MTP`` on CUDA, side by side with the reference (map: README.md here).
 
-    cases.py      the side-by-side cases and their inputs (CPU)
+    case_inputs.py  a side-by-side case's inputs (CPU; the cases are harness.case_registry's)
     module/       the module-level path: build, load, hook and run ``HYV4MTP`` as the proposer does
-    verdict/      CPU: the reference replayed on production's inputs, tolerances, the judge, FP8 emulation
+    judging/      CPU: the reference replayed on production's inputs, tolerances, the judge, FP8 emulation
     engine/       the engine path: ``vllm.LLM`` with vLLM's own MTP speculator, recorded and replayed
     tp/           tensor parallelism: one process per rank, rank traces merged by the registry's rules
-    goldens/      production goldens: vLLM's own trace recorded per platform, checked tightly
     can_run.py    can the production path run here (one reason or None); where the reference replays
     process_temp.py  this process's temp folder for vLLM's model directories
     run_hooks.py  where a command's start-up machinery (``harness.ci_speed``) may act in a run

@@ -134,16 +134,19 @@ def _fake_cuda_runtime() -> None:
 
 
 def _config_lines(ids: list[str]) -> None:
-    from harness.production.cases import case_inputs, GPU_CASES
+    from harness import case_registry
+    from harness.production.case_inputs import case_inputs
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.module.vllm_config import build_vllm_config
 
     for cid in ids:
-        case = GPU_CASES[cid]
+        case = gpu_cases[cid]
         hf, _, _ = case_inputs(case)
         vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
         d = vc.speculative_config.draft_model_config
         print(json.dumps({
-            "mode": "config", "id": cid, "quantization": vc.model_config.quantization, "draft_quantization": d.quantization,
+            "mode": "config", "id": cid, "quantization": vc.model_config.quantization,
+            "draft_quantization": d.quantization,
             "quant_config": type(vc.quant_config).__name__ if vc.quant_config is not None else None,
             "draft_model_type": d.hf_config.model_type,
             "draft_mtp_quant_algo": getattr(d.hf_config, "mtp_quant_algo", None),
@@ -213,11 +216,13 @@ def _load_lines(cid: str) -> None:
 
     from harness.production.module import build
     from harness.production.module.checkpoint_cast import cast_for_vllm
-    from harness.production.cases import case_inputs, GPU_CASES
+    from harness import case_registry
+    from harness.production.case_inputs import case_inputs
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.module.vllm_config import build_vllm_config
 
     case_id, _, mutant = cid.partition("@")
-    case = GPU_CASES[case_id]
+    case = gpu_cases[case_id]
     hf, ckpt, weights = case_inputs(case)
     vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
     dev = torch.device("cpu")
@@ -318,7 +323,9 @@ def _walk_lines(cid: str) -> None:
 
     import reference as R
     from harness.production import vllm_compat
-    from harness.production.cases import GPU_CASES, case_inputs
+    from harness import case_registry
+    from harness.production.case_inputs import case_inputs
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.engine import hook_points
     from harness.production.module import build, kv
     from harness.production.module.checkpoint_cast import cast_for_vllm
@@ -327,7 +334,7 @@ def _walk_lines(cid: str) -> None:
     _unpinned_host_memory()
     reached, line = [], {"mode": "walk", "id": cid}
     try:
-        case = GPU_CASES[cid]
+        case = gpu_cases[cid]
         hf, ckpt, _ = case_inputs(case)
         vc = build_vllm_config(hf, num_speculative_tokens=case.steps)
         reached.append("vllm_config")

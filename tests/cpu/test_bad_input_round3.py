@@ -27,23 +27,7 @@ from test_exit_contract import _run  # the exit-code tests' one CLI runner (test
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class ProductionReached(AssertionError):
-    pass
-
-
-@pytest.fixture
-def gpu_host(monkeypatch):
-    """Looks like a GPU host; any production run, engine or mutant catalogue fails the test."""
-    from harness.production import can_run
-    from harness.commands import compare as compare_cli
-    from harness.production.module import side_by_side
-
-    def must_not_run(*a, **kw):
-        raise ProductionReached("production reached: the input was not validated first")
-
-    monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
-    monkeypatch.setattr(side_by_side, "run_case", must_not_run)
-    monkeypatch.setattr(compare_cli, "start_engine_cases", must_not_run)
+# gpu_host and tiny_ckpt: tests/cpu/conftest.py (shared with test_bad_input_round4.py)
 
 
 def _one_line(result, want_code, *culprits):
@@ -233,19 +217,6 @@ def test_engine_command_checks_its_outputs_and_variables_first(tmp_path, capsys,
 
 # ---- 4 and 11: bad files and values named, not "unexpected harness error" -----------------------
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    """A tiny two-shard checkpoint; tests edit copies of it (``shutil.copytree``), never it."""
-    from harness.checkpoint.synth import synth_config, write_synthetic
-    from reference.config import MTPConfig
-    from reference.weights import random_weights
-
-    hf = synth_config("tiny", vocab_size=128)
-    return write_synthetic(tmp_path_factory.mktemp("bad-input") / "ck", hf,
-                           random_weights(MTPConfig.from_hf_dict(hf), 1), shards=2)
-
-
-
 def _config_edit(fn):
     def edit(d: Path):
         hf = json.loads((d / "config.json").read_text())
@@ -385,7 +356,7 @@ def test_bad_values_name_their_flag(argv, culprit, tmp_path, capsys, gpu_host):
 
 def test_a_truncated_recording_is_bad_input(tmp_path, capsys):
     from harness.commands.engine import main as engine_main
-    from harness.production.engine.replay import RECORDING_FORMAT
+    from harness.production.engine.recording import RECORDING_FORMAT
 
     (tmp_path / "engine_calls_engine-accept-k3-share.json").write_text(json.dumps(
         {"format": RECORDING_FORMAT, "call_meta": [], "proposal_meta": [], "meta": {}}))
@@ -510,7 +481,7 @@ def test_a_signal_mid_write_leaves_nothing(sig, code, word, tmp_path, capsys):
 
 
 def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
-    """An entry point interrupted mid-write (``python -m harness.ci_speed.xdist_schedule``, no
+    """An entry point interrupted mid-write (``python -m harness ci schedule``, no
     torch): one line, 130, no traceback, no temp file."""
     import sys
 
@@ -524,7 +495,7 @@ def test_sigint_of_a_real_entry_point_is_one_line(tmp_path):
     junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    r = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(junit), str(tmp_path / "d.json"), "r"],
+    r = subprocess.run([sys.executable, "-m", "harness", "ci", "schedule", str(junit), str(tmp_path / "d.json"), "r"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                        # SIGINT as an interactive shell leaves it (a background job inherits it ignored)
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -640,7 +611,6 @@ def test_a_folder_whose_owner_holds_its_lock_is_kept_whatever_its_pid(tmp_path, 
 # ---- 10: the documented environment variables ---------------------------------------------------
 
 @pytest.mark.parametrize("name, value, culprit", [
-    ("HYV4_HYPOTHESIS_PROFILE", "bogus", "bogus"),
     ("HYV4_TIMELINE", "{file}", "not a directory"),
     ("HYV4_REFERENCE_DEVICE", "tpu", "tpu"),
     ("HYV4_GOLDENS_ROOT", "{tmp}/goldnes", "no such directory"),
@@ -667,20 +637,20 @@ def test_pytest_and_with_env_refuse_bad_variables_in_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "--co", "tests/cpu/test_schedule.py"],
-                       cwd=ROOT, env={**env, "HYV4_HYPOTHESIS_PROFILE": "bogus"}, capture_output=True, text=True,
+                       cwd=ROOT, env={**env, "HYPOTHESIS_PROFILE": "bogus"}, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 4 and "INTERNALERROR" not in r.stdout + r.stderr, r.stdout + r.stderr
-    assert "HYV4_HYPOTHESIS_PROFILE" in r.stdout + r.stderr
+    assert "HYPOTHESIS_PROFILE" in r.stdout + r.stderr
     r = subprocess.run([str(ROOT / "with-env"), "true"], env={**env, "HYV4_ENV_CACHE": str(tmp_path / "f")},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "HYV4_ENV_CACHE" in r.stderr, r.stderr
 
 
 def test_a_mistyped_goldens_root_is_named(tmp_path, monkeypatch):
-    from harness import goldens
+    from harness.goldens import store
 
     monkeypatch.setenv("HYV4_GOLDENS_ROOT", str(tmp_path))
-    monkeypatch.setattr(goldens, "ROOT", tmp_path)
-    with pytest.raises(goldens.GoldenError) as ei:
-        goldens.load("reference", "c1", root=tmp_path)
+    monkeypatch.setattr(store, "ROOT", tmp_path)
+    with pytest.raises(store.GoldenError) as ei:
+        store.load("reference", "c1", root=tmp_path)
     assert "HYV4_GOLDENS_ROOT" in str(ei.value) and "--update-goldens" not in str(ei.value)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from test_bad_input_round3 import _good_report, _one_line, _special, _tree, gpu_host, tiny_ckpt  # noqa: F401 - fixtures
+from test_bad_input_round3 import _good_report, _one_line, _special, _tree  # gpu_host, tiny_ckpt: conftest.py
 from test_exit_contract import _run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,14 +35,14 @@ MARKER = ".hyv4-harness-written.json"
 def cpu_host(monkeypatch):
     """A host without the production path, whatever this one has; the goldens check must not run
     for an explicit target."""
-    from harness import golden_check
+    from harness.goldens import reference as golden_reference
     from harness.production import can_run
 
     def must_not_run(*a, **kw):
         raise AssertionError("the goldens check answered for an explicit target")
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
-    monkeypatch.setattr(golden_check, "check_reference_goldens", must_not_run)
+    monkeypatch.setattr(golden_reference, "check_reference_goldens", must_not_run)
 
 
 # ---- 1: synth --force never removes what the harness did not write --------------------------------
@@ -260,7 +260,7 @@ def test_a_signal_during_the_swap_waits_for_it(name, tmp_path, monkeypatch, caps
 
 
 def test_sighup_of_a_real_entry_point(tmp_path):
-    """A program (``python -m harness.ci_speed.xdist_schedule``, no torch) hung up mid-write: 129,
+    """A program (``python -m harness ci schedule``, no torch) hung up mid-write: 129,
     one line, no temp file."""
     (tmp_path / "sitecustomize.py").write_text(
         "import os, signal, harness.atomic as a\n"
@@ -272,7 +272,7 @@ def test_sighup_of_a_real_entry_point(tmp_path):
     junit.write_text('<testsuite><testcase classname="tests.gpu.test_a" name="t" time="1.5"/></testsuite>')
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    r = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(junit), str(tmp_path / "d.json"),
+    r = subprocess.run([sys.executable, "-m", "harness", "ci", "schedule", str(junit), str(tmp_path / "d.json"),
                         "r"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     assert r.returncode == 129 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
@@ -315,7 +315,8 @@ DOMAIN_CASES = {
     "yarn factor 0": (_yarn(factor=0), "rope_parameters.factor", "> 0"),
     "yarn factor -4": (_yarn(factor=-4), "rope_parameters.factor", "> 0"),
     "yarn original max 0": (_yarn(original_max_position_embeddings=0), "original_max_position_embeddings", ">= 1"),
-    "top original max 0": ({**_yarn(), "original_max_position_embeddings": 0}, "original_max_position_embeddings", ">= 1"),
+    "top original max 0": ({**_yarn(), "original_max_position_embeddings": 0}, "original_max_position_embeddings",
+                           ">= 1"),
     "rope_theta 0": ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta", "> 1"),
     "rope_theta -10000": ({"rope_parameters": {"rope_theta": -10000}}, "rope_theta", "> 1"),
     "rope_theta true": ({"rope_parameters": {"rope_theta": True}}, "rope_theta", "true / false"),
@@ -412,7 +413,8 @@ def test_an_oserror_about_a_path_is_bad_input_wherever_it_is_raised():
 def test_a_baseline_manifest_past_the_int_string_limit(tmp_path, capsys, gpu_host):
     d = tmp_path / "bl"
     d.mkdir()
-    (d / "manifest.json").write_text('{"cases": {}, "baseline": {"platform": {}, "cases": [], "n": ' + "9" * 5000 + "}}")
+    (d / "manifest.json").write_text('{"cases": {}, "baseline": {"platform": {}, "cases": [], "n": '
+                                     + "9" * 5000 + "}}")
     _one_line(_run(capsys, "bisect-check", "--baseline", d), 2, "manifest.json", "4300 digits")
 
 
@@ -448,11 +450,11 @@ def test_a_stdout_that_cannot_be_written(err, code, monkeypatch, capsys):
 
 
 def test_stdout_to_dev_full_and_a_closed_pipe_end_in_one_line_or_quietly(tmp_path):
-    """``python -m harness.ci_speed.pytest_timeline DIR`` (no torch) prints a table to stdout."""
+    """``python -m harness ci timeline DIR`` (no torch) prints a table to stdout."""
     (tmp_path / "main.jsonl").write_text(json.dumps({"who": "main", "event": "process", "t": 1.0}) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "-m", "harness.ci_speed.pytest_timeline", str(tmp_path)]
+    cmd = [sys.executable, "-m", "harness", "ci", "timeline", str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("process"), (r.stdout, r.stderr)
     with open("/dev/full", "w") as full:
@@ -576,9 +578,11 @@ OFFSET_EDITS = {
     "negative": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [-8, h[n]["data_offsets"][1]])),
                  "data_offsets start -8"),
     "float": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [h[n]["data_offsets"][0] + 0.5,
-                                                                           h[n]["data_offsets"][1]])), "data_offsets start"),
+                                                                           h[n]["data_offsets"][1]])),
+              "data_offsets start"),
     "string": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [str(h[n]["data_offsets"][0]),
-                                                                            h[n]["data_offsets"][1]])), "data_offsets start"),
+                                                                            h[n]["data_offsets"][1]])),
+               "data_offsets start"),
     "overlap": (_entry_edit(_overlap), "overlap"),
     "one offset": (_entry_edit(lambda h, n: h[n].__setitem__("data_offsets", [0])), "data_offsets"),
     "listed twice": (_listed_twice, "listed twice"),

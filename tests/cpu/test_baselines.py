@@ -17,10 +17,11 @@ import shutil
 import pytest
 import torch
 
-from harness import cli, goldens
+from harness import case_registry, cli
+from harness.goldens import store
 from harness.production import can_run
-from harness.compare import Report
-from harness.production.goldens import baseline, goldens_gpu
+from harness.trace_compare import Report
+from harness.goldens import baseline, production as production_goldens
 from harness.production.module import side_by_side as sbs
 from harness.verdict import Verdict
 
@@ -71,8 +72,8 @@ def host(monkeypatch):
     monkeypatch.setattr(sbs, "run_case", run_case)
     monkeypatch.setattr(sbs, "versions", lambda: {"note": "CPU stand-in"})
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
-    monkeypatch.setattr(goldens_gpu, "platform", lambda: dict(h.platform))
-    monkeypatch.setattr(goldens_gpu, "recorded_with", lambda: dict(h.vllm))
+    monkeypatch.setattr(production_goldens, "platform", lambda: dict(h.platform))
+    monkeypatch.setattr(production_goldens, "recorded_with", lambda: dict(h.vllm))
     return h
 
 
@@ -97,7 +98,7 @@ def test_record_then_judge_passes_and_names_the_vllm_recorded_with(tmp_path, hos
                               "vLLM 0.33.0 (g4ba787ec9)")
     stamp = baseline.read_stamp(d)
     assert stamp["platform"] == H200 and stamp["recorded_with"] == V33 and stamp["cases"] == CASES
-    assert sorted(p.name for p in (d / goldens_gpu.KIND).iterdir()) == sorted(f"{c}.safetensors" for c in CASES)
+    assert sorted(p.name for p in (d / production_goldens.KIND).iterdir()) == sorted(f"{c}.safetensors" for c in CASES)
     assert not [p for p in tmp_path.iterdir() if p.name != "base"]  # no temp directory left
     report = tmp_path / "r.json"
     assert _bisect("--baseline", str(d), "--report", str(report)) == 0
@@ -118,8 +119,8 @@ def test_a_regression_only_the_baseline_sees_fails_at_its_first_component(tmp_pa
     assert "ok   side-by-side tiny-k3-share" in out  # the reference part cannot see it
     assert ("FAIL baseline tiny-k3-share: first divergent step0.indexer.k "
             "(recorded with vLLM 0.33.0 (g4ba787ec9))") in out
-    obtained = d / goldens_gpu.KIND / "tiny-k3-share.obtained.safetensors"
-    assert f"     expected {d / goldens_gpu.KIND / 'tiny-k3-share.safetensors'}; obtained {obtained}" in out
+    obtained = d / production_goldens.KIND / "tiny-k3-share.obtained.safetensors"
+    assert f"     expected {d / production_goldens.KIND / 'tiny-k3-share.safetensors'}; obtained {obtained}" in out
     assert obtained.is_file() and baseline.read_stamp(d)["cases"] == CASES  # still the same baseline
 
 
@@ -148,14 +149,14 @@ def test_the_vllm_version_may_differ(tmp_path, host, capsys):
 
 
 def _failing_second_write(monkeypatch):
-    real, calls = goldens.save_file, []
+    real, calls = store.save_file, []
 
     def save_file(tensors, path, *a, **k):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(tensors, path, *a, **k)
-    monkeypatch.setattr(goldens, "save_file", save_file)
+    monkeypatch.setattr(store, "save_file", save_file)
 
 
 def test_a_failed_recording_leaves_nothing(tmp_path, host, capsys, monkeypatch):
@@ -233,9 +234,9 @@ def test_checked_in_goldens_are_judged_on_any_vllm_of_their_platform(host, capsy
     stand-in's numbers are not vLLM's, so they fail, naming the golden's vLLM and both files (the
     obtained trace lands beside the golden: here a copy of the checked-in tree)."""
     root = tmp_path / "goldens"
-    shutil.copytree(goldens.ROOT, root, ignore=shutil.ignore_patterns("*.obtained.*"))
-    monkeypatch.setattr(goldens, "ROOT", root)
-    entry = goldens.read_manifest(root)["cases"][f"{goldens_gpu.KIND}/tiny-k3-share"]
+    shutil.copytree(store.ROOT, root, ignore=shutil.ignore_patterns("*.obtained.*"))
+    monkeypatch.setattr(store, "ROOT", root)
+    entry = store.read_manifest(root)["cases"][f"{production_goldens.KIND}/tiny-k3-share"]
     stamp = entry["platform"]
     host.platform = {k: stamp[k] for k in ("gpu", "torch", "cuda")}
     host.platform["capability"] = stamp.get("capability", "9.0")
@@ -247,9 +248,9 @@ def test_checked_in_goldens_are_judged_on_any_vllm_of_their_platform(host, capsy
     out = _lines(capsys)
     assert [ln for ln in out if ln.startswith("FAIL golden tiny-k3-share: first divergent ")
             and f"(recorded with vLLM {recorded}" in ln]
-    obtained = root / goldens_gpu.KIND / "tiny-k3-share.obtained.safetensors"
+    obtained = root / production_goldens.KIND / "tiny-k3-share.obtained.safetensors"
     assert obtained.is_file()
-    assert f"     expected {root / goldens_gpu.KIND / 'tiny-k3-share.safetensors'}; obtained {obtained}" in out
+    assert f"     expected {root / production_goldens.KIND / 'tiny-k3-share.safetensors'}; obtained {obtained}" in out
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -274,7 +275,8 @@ def test_compare_says_not_judged_and_keeps_its_exit_code(tmp_path, host, capsys)
     report = tmp_path / "r.json"
     assert cli.main(["compare", "tiny-k3-share", "--report", str(report)]) == 0
     out = _lines(capsys)
-    assert [ln for ln in out if ln.startswith("NOT JUDGED: golden tiny-k3-share (no golden for platform gpu=NVIDIA H100")]
+    assert [ln for ln in out
+            if ln.startswith("NOT JUDGED: golden tiny-k3-share (no golden for platform gpu=NVIDIA H100")]
     assert [ln for ln in out if ln.startswith("NOT JUDGED: 1 golden part(s)")]
     assert json.loads(report.read_text())["meta"]["not_judged"][0]["part"] == "golden/tiny-k3-share"
 
@@ -282,14 +284,14 @@ def test_compare_says_not_judged_and_keeps_its_exit_code(tmp_path, host, capsys)
 def test_goldens_gpu_check_is_125_without_a_golden_and_record_refused_under_ci(tmp_path, host, capsys,
                                                                                 monkeypatch):
     host.platform["gpu"] = "NVIDIA H100 80GB HBM3"
-    assert goldens_gpu.main(["check", "--case", "tiny-k3-share"]) == 125
+    assert production_goldens.main(["check", "--case", "tiny-k3-share"]) == 125
     assert _lines(capsys)[-1].startswith("NOT JUDGED: golden tiny-k3-share (no golden for platform gpu=NVIDIA H100")
-    assert goldens_gpu.main(["record", "--root", str(tmp_path / "g")]) == 0
-    assert goldens_gpu.main(["check", "--root", str(tmp_path / "g")]) == 0
-    assert goldens_gpu.main(["list", "--root", str(tmp_path / "g")]) == 0
-    listed = _lines(capsys)[-len(goldens_gpu.GOLDEN_CASES):]
+    assert production_goldens.main(["record", "--root", str(tmp_path / "g")]) == 0
+    assert production_goldens.main(["check", "--root", str(tmp_path / "g")]) == 0
+    assert production_goldens.main(["list", "--root", str(tmp_path / "g")]) == 0
+    listed = _lines(capsys)[-len(case_registry.ids(role="golden", kind="module")):]
     assert listed[0].startswith("production/tiny-k2-clamp-headwise: platform gpu=NVIDIA H100 80GB HBM3, capability=9.0")
     assert listed[0].endswith("recorded with vLLM 0.33.0 (g4ba787ec9)")
     monkeypatch.setenv("CI", "true")
-    assert goldens_gpu.main(["record"]) == 2
+    assert production_goldens.main(["record"]) == 2
     assert "refused when CI is set" in _lines(capsys)[-1]

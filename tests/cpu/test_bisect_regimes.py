@@ -13,15 +13,18 @@ import pytest
 import reference as R
 from harness import mutants
 from harness.cli import EXIT_MISMATCH, EXIT_OK
-from harness.commands import compare as compare_cli
-from harness.production.goldens import goldens_gpu
+from harness.exitcodes import EXIT_CANNOT_JUDGE
+from harness.commands import bisect_check
+from harness.goldens import production as production_goldens
+from harness.production.case_inputs import case_inputs
+from harness.production.engine import process as engine_process
 from harness.production.module import side_by_side as sbs
-from harness.production.verdict.fp8_emulation import as_production_trace
+from harness.production.judging.fp8_emulation import as_production_trace
 from harness.regimes import REGIMES
 
 
 def _stand_in(case, clamp: bool = True) -> dict:
-    hf, _, w = sbs.case_inputs(case)
+    hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     if not clamp:
         cfg = cfg.replace(swiglu_limit=0.0)
@@ -35,7 +38,7 @@ def faked(monkeypatch):
     monkeypatch.setattr(sbs, "run_case", lambda case, **_: _stand_in(case))
     monkeypatch.setattr(sbs, "versions", lambda: {"note": "CPU stand-in"})
     # a platform no golden was recorded on: every golden part is NOT JUDGED (--allow-unjudged below)
-    monkeypatch.setattr(goldens_gpu, "platform", lambda: {"gpu": "CPU stand-in", "capability": "0.0",
+    monkeypatch.setattr(production_goldens, "platform", lambda: {"gpu": "CPU stand-in", "capability": "0.0",
                                                           "torch": "none", "cuda": None})
 
     def planted(case, name):
@@ -53,8 +56,8 @@ def test_bisect_report_carries_regimes_and_coverage(tmp_path, faked, capsys):
     coverage is tests/cpu/test_regimes.py's): regimes per case in the report, coverage in its meta,
     and the regimes only tiny-k2-long and the FP8 case bring named as not exercised."""
     cases = ["tiny-k3-share", "tiny-k2-clamp-headwise"]
-    assert set(cases) < set(compare_cli.DEFAULT_BISECT_CASES)
-    assert compare_cli.bisect_command(_args(tmp_path, cases)) == EXIT_OK
+    assert set(cases) < set(bisect_check.DEFAULT_BISECT_CASES)
+    assert bisect_check.bisect_command(_args(tmp_path, cases)) == EXIT_OK
     out = capsys.readouterr().out
     assert out.count("regimes: routed_clamp_frac=") == len(cases)
     assert ("warning: no case of this run exercises the regime(s) "
@@ -74,8 +77,8 @@ def test_bisect_report_carries_regimes_and_coverage(tmp_path, faked, capsys):
 
 def test_planted_clamp_off_exits_1_at_mlp_out(tmp_path, faked, capsys):
     args = _args(tmp_path, ["tiny-k3-share", "tiny-k2-clamp-headwise"], plant="clamp-removed")
-    compare_cli.validate_args("bisect_command", args)
-    assert compare_cli.bisect_command(args) == EXIT_MISMATCH
+    bisect_check.validate_args(args)
+    assert bisect_check.bisect_command(args) == EXIT_MISMATCH
     out = capsys.readouterr().out
     assert "ok   side-by-side tiny-k3-share" in out  # swiglu_limit 10: nothing to clamp there
     assert "FAIL side-by-side tiny-k2-clamp-headwise: first divergent step0.mlp.out" in out
@@ -86,14 +89,14 @@ def test_planted_clamp_off_exits_1_at_mlp_out(tmp_path, faked, capsys):
 def test_plant_must_name_a_mutant(tmp_path):
     from harness.cli import CLIError
     with pytest.raises(CLIError, match="unknown mutant"):
-        compare_cli.validate_args("bisect_command", _args(tmp_path, plant="no-such-bug"))
+        bisect_check.validate_args(_args(tmp_path, plant="no-such-bug"))
 
 
 def test_engines_run_beside_the_side_by_side_and_report_after_it(tmp_path, faked, capsys):
     """bisect-check starts its engine subprocesses first and lets them run while this process
     judges the side-by-side cases; each engine's line comes after them. Here (no CUDA) the real
     engine subprocess exits 125 and says why: the run cannot be judged, the side by side passed."""
-    code = compare_cli.bisect_command(_args(tmp_path, ["engine-tiny-k2", "tiny-k3-share"]))
+    code = bisect_check.bisect_command(_args(tmp_path, ["engine-tiny-k2", "tiny-k3-share"]))
     out = capsys.readouterr().out
     assert code == 125, out
     assert "cannot judge: engine engine-tiny-k2 exited 125: cannot judge: no CUDA device" in out
@@ -134,12 +137,12 @@ def test_engines_sharing_the_gpu_get_a_fixed_kv_size(ids, shared, preset, want, 
         monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
     else:
         monkeypatch.setenv(ENGINE_KV_GIB_ENV, preset)
-    runs = compare_cli.start_engine_cases(ids, gpu_shared=shared)
+    runs = engine_process.start_engine_cases(ids, gpu_shared=shared)
     try:
         assert [cmd[cmd.index("--case") + 1] for cmd, _ in started] == ids
         assert {env.get(ENGINE_KV_GIB_ENV) for _, env in started} == {want}
     finally:
-        compare_cli.stop_engine_cases(runs)
+        engine_process.stop_engine_cases(runs)
     assert all(not os.path.exists(r.tmp.name) for r in runs)  # their files are gone
 
 
@@ -157,8 +160,8 @@ def test_engines_computing_beside_others_get_their_share_of_the_cores(ids, share
     for var in THREAD_VARS:
         monkeypatch.setenv(var, preset) if preset else monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # a 16-core host
-    runs = compare_cli.start_engine_cases(ids, gpu_shared=shared)
-    compare_cli.stop_engine_cases(runs)
+    runs = engine_process.start_engine_cases(ids, gpu_shared=shared)
+    engine_process.stop_engine_cases(runs)
     want = preset or (str(cpu_share(processes)) if processes else None)
     assert {env.get(var) for _, env in started for var in THREAD_VARS} == {want}
     if processes:
@@ -205,16 +208,16 @@ def test_side_by_side_takes_its_share_while_engines_run_and_gets_its_threads_bac
             e.code = 0
         return real(case, **kw)
     monkeypatch.setattr(sbs, "run_case", run_case)
-    runs = [compare_cli._EngineRun(f"e{i}", e, None) for i, e in enumerate(engines)]
+    runs = [engine_process.EngineRun(f"e{i}", e, None) for i, e in enumerate(engines)]
     try:
-        out = compare_cli._bisect_side_by_side(["tiny-k3-share", "tiny-k2-clamp-headwise"], None, None, beside=runs)
+        out = bisect_check.bisect_side_by_side(["tiny-k3-share", "tiny-k2-clamp-headwise"], None, None, beside=runs)
         assert out.verdict == EXIT_OK
         assert seen == [4, before]  # 12 cores over this process and two engines; then its own again
         assert torch.get_num_threads() == before
         monkeypatch.setenv(THREAD_VARS[0], "3")  # the user chose: left alone
         seen.clear()
         engines[0].code = None
-        compare_cli._bisect_side_by_side(["tiny-k3-share"], None, None, beside=runs)
+        bisect_check.bisect_side_by_side(["tiny-k3-share"], None, None, beside=runs)
         assert seen == [before]
     finally:
         torch.set_num_threads(tier_threads)
@@ -239,23 +242,24 @@ def test_engines_start_before_the_host_checks_and_stop_when_they_fail(monkeypatc
         return "vLLM 9.9: the speculator is gone"
     monkeypatch.setattr(can_run, "cannot_run_production_reason", reason)
     stopped = []
-    real_stop = compare_cli.stop_engine_cases
-    monkeypatch.setattr(compare_cli, "stop_engine_cases", lambda runs: (stopped.extend(runs), real_stop(runs)))
+    real_stop = engine_process.stop_engine_cases
+    monkeypatch.setattr(engine_process, "stop_engine_cases", lambda runs: (stopped.extend(runs), real_stop(runs)))
     assert cli.main(["bisect-check"]) == 125
     assert capsys.readouterr().out.strip() == "cannot judge: vLLM 9.9: the speculator is gone"
-    engines = list(compare_cli.DEFAULT_BISECT_ENGINE_CASES)
+    engines = list(bisect_check.DEFAULT_BISECT_ENGINE_CASES)
     assert engines and seen_at_check == [len(engines)]
     assert engines_started() == engines
     assert [r.case_id for r in stopped] == engines and all(not os.path.exists(r.tmp.name) for r in stopped)
 
 
 @pytest.mark.parametrize("argv, handed", [
-    (["bisect-check"], list(compare_cli.DEFAULT_BISECT_ENGINE_CASES)),
+    (["bisect-check"], list(bisect_check.DEFAULT_BISECT_ENGINE_CASES)),
     (["bisect-check", "--case", "tiny-k3-share"], None),  # no engine case: nothing started early
     (["bisect-check", "--record-baseline", "{tmp}/b"], None),  # a baseline runs no engine
 ])
 def test_the_command_gets_the_engines_started_early(argv, handed, tmp_path, monkeypatch):
     from harness import cli
+    from harness.commands import baseline
     from harness.production import can_run
 
     started = _record_engine_starts(monkeypatch)
@@ -266,7 +270,8 @@ def test_the_command_gets_the_engines_started_early(argv, handed, tmp_path, monk
     def bisect_command(args, started=None):
         got.append(None if started is None else [r.case_id for r in started])
         return 0
-    monkeypatch.setattr(compare_cli, "bisect_command", bisect_command)
+    monkeypatch.setattr(bisect_check, "bisect_command", bisect_command)
+    monkeypatch.setattr(baseline, "record_baseline_command", bisect_command)  # --record-baseline's command
     assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 0
     assert got == [handed]
     assert len([cmd for cmd, _ in started if "--case" in cmd]) == len(handed or [])
@@ -275,7 +280,7 @@ def test_the_command_gets_the_engines_started_early(argv, handed, tmp_path, monk
 def test_the_bisect_report_says_where_its_time_went(tmp_path, faked):
     """``meta.timeline_s``: this process's marks, in seconds of its life, in order; and each
     engine's span from its start to its case's end, from the start-up and case seconds it reported."""
-    assert compare_cli.bisect_command(_args(tmp_path, ["tiny-k3-share"])) == EXIT_OK
+    assert bisect_check.bisect_command(_args(tmp_path, ["tiny-k3-share"])) == EXIT_OK
     doc = json.loads((tmp_path / "bisect.json").read_text())
     t = doc["meta"]["timeline_s"]
     assert set(t) == {"checked", "side_by_side", "collected"}
@@ -283,10 +288,10 @@ def test_the_bisect_report_says_where_its_time_went(tmp_path, faked):
 
     class Run:
         case_id, started_s = "engine-x", 1.5
-    spans = compare_cli._timeline([Run()], {"engine-x": {"timing_s": {"start_up": 8.0, "total": 10.25}}},
+    spans = bisect_check._timeline([Run()], {"engine-x": {"timing_s": {"start_up": 8.0, "total": 10.25}}},
                                   checked=9.0, side_by_side=16.0, collected=20.0)
     assert spans == {"checked": 9.0, "side_by_side": 16.0, "collected": 20.0, "engine engine-x": [1.5, 19.75]}
-    assert compare_cli._timeline([Run()], {}, checked=None, side_by_side=1.0, collected=2.0) == {}
+    assert bisect_check._timeline([Run()], {}, checked=None, side_by_side=1.0, collected=2.0) == {}
 
 
 def test_a_lone_engine_started_early_gets_a_fixed_kv_size_but_the_cores_to_itself(monkeypatch):
@@ -303,7 +308,21 @@ def test_a_lone_engine_started_early_gets_a_fixed_kv_size_but_the_cores_to_itsel
     for var in THREAD_VARS:
         monkeypatch.delenv(var, raising=False)
     args = argparse.Namespace(case=["engine-tiny-k2"], graphs=False, record_baseline=None)
-    runs = compare_cli.start_early("bisect_command", args)
-    compare_cli.stop_engine_cases(runs)
+    runs = bisect_check.start_early(args)
+    engine_process.stop_engine_cases(runs)
     [(cmd, env)] = started
     assert env.get(ENGINE_KV_GIB_ENV) == "4" and not any(env.get(v) for v in THREAD_VARS)
+
+
+def test_a_plant_that_applies_to_no_case_cannot_judge_whatever_allow_unjudged_says(capsys):
+    """bisect-check --plant judged vLLM as it is when the mutant applied to none of its cases (a
+    release where the bug's precondition does not hold): that run says nothing about the plant."""
+    sbs = bisect_check.SideBySide(
+        plant_notes=["plant not applicable: p to tiny-k1 (weight is bf16): judged as vLLM is"])
+    assert bisect_check.plant_verdict("p", ["tiny-k1"], sbs, EXIT_OK) == EXIT_CANNOT_JUDGE
+    assert "NOT JUDGED: --plant p applies to none of this run's side-by-side cases" in capsys.readouterr().out
+    assert bisect_check.plant_verdict("p", ["tiny-k1"], sbs, EXIT_MISMATCH) == EXIT_MISMATCH  # vLLM failed anyway
+    applied = bisect_check.SideBySide(planted=["tiny-k1"])
+    assert bisect_check.plant_verdict("p", ["tiny-k1", "tiny-k2"], applied, EXIT_OK) == EXIT_OK
+    assert bisect_check.plant_verdict(None, ["tiny-k1"], bisect_check.SideBySide(), EXIT_OK) == EXIT_OK
+    assert bisect_check.plant_verdict("p", [], bisect_check.SideBySide(), EXIT_OK) == EXIT_OK  # engine cases only

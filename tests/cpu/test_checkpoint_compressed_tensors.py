@@ -62,7 +62,8 @@ def test_synth_writes_compressed_tensors_as_it_is_laid_out(tmp_path, quant, styl
     if quant == CHANNEL:
         assert (w["strategy"], w["block_structure"], a["strategy"]) == ("channel", None, "token")
     else:
-        assert (w["strategy"], w["block_structure"], a["strategy"], a["group_size"]) == ("block", [128, 128], "group", 128)
+        assert ((w["strategy"], w["block_structure"], a["strategy"], a["group_size"])
+                == ("block", [128, 128], "group", 128))
     ignore = qc["ignore"]
     assert ignore[0] == "lm_head" and any(e.startswith("re:") for e in ignore)
     if style == "regex":
@@ -106,7 +107,8 @@ def test_reference_weights_are_the_exact_dequantized_checkpoint(tmp_path, quant)
         assert torch.equal(loaded.weights["layers.0.mlp.experts.up_proj"][3], qe * se)
     assert loaded.fp8["layers.0.attn.o_proj"].block == ((1, q.shape[1]) if quant == CHANNEL else (128, 128))
     for name, v in loaded.weights.items():
-        tol = 2 ** -4 * float(w[name].abs().max()) if name in loaded.fp8 else 2 ** -8 * float(w[name].abs().max()) + 1e-30
+        tol = (2 ** -4 * float(w[name].abs().max()) if name in loaded.fp8
+               else 2 ** -8 * float(w[name].abs().max()) + 1e-30)
         assert float((v - w[name]).abs().max()) <= tol, name
     assert "layers.0.attn.linear_gate" not in loaded.fp8 and "layers.0.indexer.wk" not in loaded.fp8
 
@@ -152,7 +154,8 @@ def test_loader_refuses_tensors_the_config_does_not_describe(tmp_path):
         return lambda bad: bad.__setitem__(name + "_inv", bad.pop(name))
 
     edits = [  # (what the checkpoint gets wrong, the loader's line)
-        (lambda bad: bad.update({GATE + ".weight": t[GATE + ".weight"].to(torch.float8_e4m3fn),  # an ignored module stored FP8
+        # an ignored module stored FP8
+        (lambda bad: bad.update({GATE + ".weight": t[GATE + ".weight"].to(torch.float8_e4m3fn),
                                  GATE + ".weight_scale": torch.ones(t[GATE + ".weight"].shape[0], 1)}),
          r"linear_gate\.weight: stored as float8_e4m3fn, but quantization_config\.ignore excludes it"),
         (renamed(o_scale), r"o_proj.weight_scale_inv: .*loads \.weight_scale"),
@@ -210,11 +213,13 @@ def test_plan_agrees_with_vllms_compressed_tensors_config(style, dense, gc_pause
     qc = mtp._remap_mtp_quant_exclusions(qc, cfg.num_hidden_layers, cfg.num_mtp_layers)
     qc.packed_modules_mapping = mtp.HYV4MTP.packed_modules_mapping
     plan = mtp_fp8_plan(hf, cfg)
-    layer = {leaf for leaf in _QUANT_MODULES if leaf in __import__("reference.weights", fromlist=["x"]).layer_shapes(cfg)}
+    layer = {leaf for leaf in _QUANT_MODULES
+             if leaf in __import__("reference.weights", fromlist=["x"]).layer_shapes(cfg)}
     checked = 0
     for module in sorted({_QUANT_MODULES[leaf][0] for leaf in layer}):
         prefix = f"model.layers.{cfg.num_hidden_layers}.{module}"
-        names = [f"{prefix}.0.{p}" for p in ("gate_proj", "up_proj", "down_proj")] if module == "mlp.experts" else [prefix]
+        names = ([f"{prefix}.0.{p}" for p in ("gate_proj", "up_proj", "down_proj")] if module == "mlp.experts"
+                 else [prefix])
         dicts = [qc.get_scheme_dict(torch.nn.Linear(1, 1), n) for n in names]
         assert len({d is None for d in dicts}) == 1, (prefix, dicts)
         vllm_ignored = dicts[0] is None
@@ -241,7 +246,8 @@ def test_audit_names_the_gap_first_and_its_consequences_are_explained():
     assert all(p.split(": ", 1)[1].startswith("vLLM gap: HYV4MTP._remap_mtp_quant_exclusions") for p in problems)
     assert gap_modules(problems) == [gate, experts]
     later = [f"{gate}.weight_scale: holds finfo(float32).min (scale sentinel never loaded)",
-             f"loader warning: HYV4 MTP draft model: 1 parameters received no checkpoint value: {experts}.w13_weight_scale",
+             "loader warning: HYV4 MTP draft model: 1 parameters received no checkpoint value: "
+             f"{experts}.w13_weight_scale",
              "model.layers.2.mtp_block.self_attn.o_proj.weight_scale: contains NaN"]
     assert unexplained_by_gaps(problems + later) == [later[2]]  # a problem elsewhere is not hidden
     hf, _ = _ct_hf("regex")
@@ -301,13 +307,15 @@ def test_the_default_bisect_set_holds_a_case_of_each_deployed_configuration():
     theirs to --case's cases; a baseline does not record them (never judged against one)."""
     import argparse
 
-    from harness.commands.compare import (DEFAULT_BISECT_CASES, REFERENCE_ONLY_BISECT_CASES, _side_by_side_ids,
-                                          bisect_case_ids)
-    from harness.production.cases import GPU_CASES
+    from harness.commands.bisect_check import (DEFAULT_BISECT_CASES, REFERENCE_ONLY_BISECT_CASES, bisect_case_ids,
+                                               side_by_side_ids)
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
     base = bisect_case_ids(argparse.Namespace(case=None))
-    assert set(REFERENCE_ONLY_BISECT_CASES) <= set(base) and not set(REFERENCE_ONLY_BISECT_CASES) & set(DEFAULT_BISECT_CASES)
-    kinds = {(GPU_CASES[c].kv_cache_dtype, GPU_CASES[c].quant, GPU_CASES[c].reload_seed is not None)
+    assert set(REFERENCE_ONLY_BISECT_CASES) <= set(base)
+    assert not set(REFERENCE_ONLY_BISECT_CASES) & set(DEFAULT_BISECT_CASES)
+    kinds = {(gpu_cases[c].kv_cache_dtype, gpu_cases[c].quant, gpu_cases[c].reload_seed is not None)
              for c in REFERENCE_ONLY_BISECT_CASES}
     assert any(k[0] == "fp8" for k in kinds) and any(k[1].startswith("compressed-tensors") for k in kinds) \
         and any(k[2] for k in kinds), kinds
@@ -315,7 +323,7 @@ def test_the_default_bisect_set_holds_a_case_of_each_deployed_configuration():
     assert bisect_case_ids(argparse.Namespace(case=["tiny-k1"], reload=True)) == ["tiny-k1", "tiny-k2-reload"]
     assert bisect_case_ids(argparse.Namespace(case=["tiny-k1"], compressed_tensors=True)) == \
         ["tiny-k1", "tiny-k2-ct-fp8-channel-long"]
-    recorded = _side_by_side_ids(argparse.Namespace(case=None, record_baseline="/tmp/b"))
+    recorded = side_by_side_ids(argparse.Namespace(case=None, record_baseline="/tmp/b"))
     assert recorded == list(DEFAULT_BISECT_CASES)
 
 
@@ -340,13 +348,15 @@ def test_vllm_load_weights_takes_the_compressed_tensors_checkpoint(vllm_probe, c
     """HYV4MTP built by vLLM (CPU) from the regex-ignore checkpoints: every FP8 parameter dequantizes
     to the reference's weight exactly (channel: one scale per row), the gate and head are built
     unquantized, the rest with compressed-tensors methods, and the audit finds nothing."""
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
     d = vllm_probe.answer("load", case_id)
     assert d["mismatches"] == [] and d["quant_problems"] == [], (d["mismatches"][:4], d["quant_problems"][:4])
-    assert all(n.rsplit(".", 1)[1] in ("k_scale", "v_scale", "q_scale", "prob_scale") for n in d["unloaded"]), d["unloaded"]
+    assert all(n.rsplit(".", 1)[1] in ("k_scale", "v_scale", "q_scale", "prob_scale")
+               for n in d["unloaded"]), d["unloaded"]
     methods = d["quant_methods"]
-    for m in GPU_CASES[case_id].expect_unquantized:
+    for m in gpu_cases[case_id].expect_unquantized:
         assert methods[m].startswith("Unquantized"), (m, methods[m])
     qb = "model.layers.2.mtp_block.self_attn.q_b_proj"
     assert methods[qb] == "CompressedTensorsLinearMethod" and d["dtypes"][qb + ".weight"] == "float8_e4m3fn"
@@ -410,17 +420,19 @@ def test_case_records_round_trip_and_the_gap_is_matched_on_the_first_problem():
     case's saved trace is judged as set B, and ``upstream_gap_of`` reads only the first problem."""
     import dataclasses
 
-    from harness.production.cases import GPU_CASES, _case_from_dict, reload_set_b
+    from harness import case_registry
+    from harness.production.case_inputs import _case_from_dict, reload_set_b
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.module.side_by_side import upstream_gap_of
 
     for cid in ("tiny-k2-ct-fp8-mtp-names", "tiny-k2-fp8-reload"):
-        case = GPU_CASES[cid]
+        case = gpu_cases[cid]
         assert _case_from_dict(json.loads(json.dumps(dataclasses.asdict(case)))) == case
-    b = reload_set_b(GPU_CASES["tiny-k2-fp8-reload"])
+    b = reload_set_b(gpu_cases["tiny-k2-fp8-reload"])
     assert (b.seed, b.reload_seed, b.quant) == (44, None, "fp8")
     with pytest.raises(ValueError, match="not a reload case"):
-        reload_set_b(GPU_CASES["tiny-k1"])
-    gap_case = GPU_CASES["tiny-k2-ct-fp8-mtp-names"]
+        reload_set_b(gpu_cases["tiny-k1"])
+    gap_case = gpu_cases["tiny-k2-ct-fp8-mtp-names"]
     hf, _ = _ct_hf("checkpoint-names")
     from harness.production.module.audit import quant_method_problems
     problems = quant_method_problems(hf, {_DRAFT_GATE: "CompressedTensorsLinearMethod"})

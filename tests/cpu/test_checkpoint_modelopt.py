@@ -208,7 +208,8 @@ def test_audit_names_excluded_module_built_quantized(tmp_path):
 
 
 def test_audit_excluded_lm_head_and_wildcard_layer(tmp_path):
-    probs = quant_method_problems(_hf(tmp_path), _methods(**{"model.layers.2.shared_head.head": "ModelOptLinearMethod"}))
+    probs = quant_method_problems(_hf(tmp_path),
+                                  _methods(**{"model.layers.2.shared_head.head": "ModelOptLinearMethod"}))
     assert len(probs) == 1 and probs[0].startswith("model.layers.2.shared_head.head: ") and "'lm_head'" in probs[0]
     probs = quant_method_problems(_hf(tmp_path / "w", bf16_layers=(0,)), _methods())
     assert [p.split(":")[0] for p in probs] == ["model.layers.2.mtp_block.self_attn.q_b_proj",
@@ -240,16 +241,19 @@ def test_audit_bf16_and_fp8config(tmp_path):
 
 def test_modelopt_cases_and_mutant_are_registered():
     from harness import mutants
-    from harness.production.cases import FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS
-    from harness.commands.compare import DEFAULT_BISECT_CASES
+    from harness import case_registry
+    fp8_ids = case_registry.ids(role="fp8", kind="module")
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    modelopt_ids = case_registry.ids(role="modelopt", kind="module")
 
-    assert set(MODELOPT_CASE_IDS) == {"tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense",
+    assert set(modelopt_ids) == {"tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense",
                                       "tiny-k2-modelopt-layer-bf16-dense"}
-    assert not set(MODELOPT_CASE_IDS) & set(FP8_CASE_IDS) and not set(MODELOPT_CASE_IDS) & set(DEFAULT_BISECT_CASES)
-    for cid in MODELOPT_CASE_IDS:
-        assert GATE in GPU_CASES[cid].expect_unquantized
+    assert not set(modelopt_ids) & set(fp8_ids)
+    assert not set(modelopt_ids) & set(case_registry.ids(role="bisect", kind="module"))
+    for cid in modelopt_ids:
+        assert GATE in gpu_cases[cid].expect_unquantized
     m = mutants.BY_NAME["exclusions-not-remapped"]
-    assert m.case in MODELOPT_CASE_IDS and m.build_patch is not None and m.component == "attn.gate"
+    assert m.case in modelopt_ids and m.build_patch is not None and m.component == "attn.gate"
 
 
 # ---- the restated exclusion rules against vLLM's own (pure: no GPU, no model built) ----------
@@ -348,7 +352,8 @@ def test_audit_ignores_modules_built_without_the_quant_config(tmp_path):
 MODELOPT_IDS = ("tiny-k2-modelopt-pb-long", "tiny-k2-modelopt-pb-dense", "tiny-k2-modelopt-layer-bf16-dense")
 PLANTED = "tiny-k2-modelopt-pb-dense@exclusions-not-remapped"
 VLLM_PROBE = {"config": list(MODELOPT_IDS), "load": [*MODELOPT_IDS, PLANTED]}
-_KV_SCALES = ["model.layers.2.mtp_block.self_attn.mla_attn." + s for s in ("k_scale", "prob_scale", "q_scale", "v_scale")]
+_KV_SCALES = ["model.layers.2.mtp_block.self_attn.mla_attn." + s
+              for s in ("k_scale", "prob_scale", "q_scale", "v_scale")]
 
 
 
@@ -366,13 +371,14 @@ def test_vllm_load_weights_takes_the_modelopt_checkpoint(vllm_probe, case_id):
     loading) loaded, no warning, the dequantized FP8 parameters equal the reference exactly, every
     module's quant method agrees with the exclusion rules, and the case's expected-unquantized
     modules (its proof of the exclusion path) are built unquantized."""
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
     d = vllm_probe.answer("load", case_id)
     assert d["unloaded"] == _KV_SCALES and d["warnings"] == [] and d["mismatches"] == [], d
     assert d["quant_problems"] == []
     methods = d["quant_methods"]
-    for m in GPU_CASES[case_id].expect_unquantized:
+    for m in gpu_cases[case_id].expect_unquantized:
         assert methods[m].startswith("Unquantized"), (m, methods[m])
     qb = "model.layers.2.mtp_block.self_attn.q_b_proj"
     if case_id == "tiny-k2-modelopt-layer-bf16-dense":

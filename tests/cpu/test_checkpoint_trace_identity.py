@@ -25,7 +25,8 @@ def traces(tmp_path_factory):
     out = {}
     for quant in ("bf16", "fp8", "fp8-ue8m0"):
         for naming, experts in LAYOUTS:
-            d = write_synthetic(root / f"{quant}-{naming}-{experts}", hf, w, naming=naming, experts=experts, quant=quant)
+            d = write_synthetic(root / f"{quant}-{naming}-{experts}", hf, w,
+                                naming=naming, experts=experts, quant=quant)
             ck = load_checkpoint(d)
             out[quant, naming, experts] = draft(ck.cfg, ck.weights, first, 2, EXACT).traces
     return out

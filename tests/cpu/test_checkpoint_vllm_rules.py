@@ -16,7 +16,7 @@ import types
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.checkpoint.loader import load_checkpoint
@@ -118,7 +118,6 @@ _CANDIDATES = ["self_attn.linear_gate", "self_attn.q_b_proj", "self_attn.kv_b_pr
                "eh_proj"]
 
 
-@settings(max_examples=40)
 @given(picks=st.lists(st.tuples(st.sampled_from(["model.mtp_layers.0.", "model.layers.2.", "model.layers.1."]),
                                 st.sampled_from(_CANDIDATES)), max_size=6),
        key=st.sampled_from(["modules_to_not_convert", "ignored_layers"]),

@@ -58,7 +58,8 @@ def cli_without_gpu(cli, monkeypatch):
 
 def test_reference_command_writes_a_trace(tmp_path, cli):
     out = tmp_path / "t.safetensors"
-    r = cli("reference", "preset:tiny", "--out", str(out), "--steps", "2", "--requests", "2", "--tokens", "3", "--seed", "4")
+    r = cli("reference", "preset:tiny", "--out", str(out),
+            "--steps", "2", "--requests", "2", "--tokens", "3", "--seed", "4")
     assert r.returncode == 0, r.stderr
     assert "reference:" in r.stdout and "draft tokens" in r.stdout
     trace = load_file(str(out))

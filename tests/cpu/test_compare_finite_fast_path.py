@@ -19,9 +19,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import compare
+from harness import trace_compare
 from harness.components import Tolerance
-from harness.production.verdict import judge
+from harness.production.judging import trace_judge
 
 SPECIAL = [math.nan, math.inf, -math.inf, 1.7e308, -1.7e308, 0.0, -0.0, 5e-324]
 TOL = Tolerance(1e-3, 1e-2, "test")
@@ -57,25 +57,25 @@ def _fields(res) -> dict:
     return {k: _bits(v) for k, v in dataclasses.asdict(res).items()}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(pairs())
 def test_compare_values_fast_path_equals_the_masked_path(pair):
     a, e = pair
-    fast = compare.compare_values("step0.mlp.out", a, e, TOL)
+    fast = trace_compare.compare_values("step0.mlp.out", a, e, TOL)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(compare, "finite_everywhere", lambda t: False)
-        masked = compare.compare_values("step0.mlp.out", a, e, TOL)
+        mp.setattr(trace_compare, "finite_everywhere", lambda t: False)
+        masked = trace_compare.compare_values("step0.mlp.out", a, e, TOL)
     assert _fields(fast) == _fields(masked)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(pairs())
 def test_max_abs_fast_path_equals_the_masked_path(pair):
     a, b = pair
-    fast = judge._max_abs(a, b)
+    fast = trace_judge._max_abs(a, b)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(judge, "finite_everywhere", lambda t: False)
-        masked = judge._max_abs(a, b)
+        mp.setattr(trace_judge, "finite_everywhere", lambda t: False)
+        masked = trace_judge._max_abs(a, b)
     assert _bits(fast) == _bits(masked)
 
 
@@ -84,7 +84,7 @@ def test_max_abs_fast_path_equals_the_masked_path(pair):
     ([1.7e308, 1.7e308], False),  # finite elements whose sum overflows: the masked path decides
 ])
 def test_finite_everywhere(values, expected):
-    assert compare.finite_everywhere(torch.tensor(values, dtype=torch.float64)) is expected
+    assert trace_compare.finite_everywhere(torch.tensor(values, dtype=torch.float64)) is expected
 
 
 def test_the_fast_path_is_taken_on_finite_data(monkeypatch):
@@ -93,6 +93,6 @@ def test_the_fast_path_is_taken_on_finite_data(monkeypatch):
     real = torch.isfinite
     monkeypatch.setattr(torch, "isfinite", lambda t: calls.append(t.numel()) or real(t))
     a = torch.randn(64, 32, dtype=torch.float64)
-    compare.compare_values("step0.mlp.out", a, a + 1e-6, TOL)
-    judge._max_abs(a, a + 1e-6)
+    trace_compare.compare_values("step0.mlp.out", a, a + 1e-6, TOL)
+    trace_judge._max_abs(a, a + 1e-6)
     assert calls and all(n == 1 for n in calls), calls  # only the sums' 1-element checks

@@ -40,17 +40,17 @@ def test_registry_records_are_well_formed():
 
 
 def test_derived_lists_equal_the_registry():
-    from harness import compare
-    from harness.production.engine import replay as engine_replay
-    from harness.production.goldens import goldens_gpu
+    from harness import trace_compare
+    from harness.production.engine import draft_replay
+    from harness.goldens import production as production_goldens
     from harness.production.tp import multigpu
-    from harness.production.verdict import tolerances
+    from harness.production.judging import tolerances
 
-    assert compare.COMPONENTS == tuple(_names(lambda c: c.reference_trace))
-    assert compare.INDEX_COMPONENTS == tuple(_names(lambda c: c.compare == "index"))
+    assert trace_compare.COMPONENTS == tuple(_names(lambda c: c.reference_trace))
+    assert trace_compare.INDEX_COMPONENTS == tuple(_names(lambda c: c.compare == "index"))
     assert C.PRODUCTION_COMPONENTS == tuple(_names(lambda c: c.production is not None))
-    assert goldens_gpu.STORED == C.PRODUCTION_COMPONENTS
-    assert engine_replay.DIAGNOSTIC_COMPONENTS == tuple(_names(lambda c: c.diagnostic))
+    assert production_goldens.STORED == C.PRODUCTION_COMPONENTS
+    assert draft_replay.DIAGNOSTIC_COMPONENTS == tuple(_names(lambda c: c.diagnostic))
     assert multigpu.HEAD_SHARDED == tuple(_names(lambda c: c.tp == "head-sharded"))
     assert multigpu.PARTIAL_SUM == tuple(_names(lambda c: c.tp == "partial-sum"))
     for precision in C.PRECISIONS:
@@ -80,15 +80,15 @@ STEP_INPUTS = {"input_ids", "positions", "hidden_in"}  # what a step is given, n
 
 
 def test_the_reference_trace_holds_exactly_the_trace_components(reference_step0):
-    from harness import compare
+    from harness import trace_compare
 
     computed = set(reference_step0) - STEP_INPUTS
-    assert set(compare.COMPONENTS) == computed, (set(compare.COMPONENTS) ^ computed)
-    assert len(compare.COMPONENTS) == len(set(compare.COMPONENTS))
+    assert set(trace_compare.COMPONENTS) == computed, (set(trace_compare.COMPONENTS) ^ computed)
+    assert len(trace_compare.COMPONENTS) == len(set(trace_compare.COMPONENTS))
     # compared as sets or exactly: the integer-valued quantities, and only those
     integer = {n for n in computed if not reference_step0[n].is_floating_point()}
     assert {c.name for c in REGISTRY if c.compare in ("index", "token")} == integer
-    assert set(compare.INDEX_COMPONENTS) == integer - {"draft_token"}
+    assert set(trace_compare.INDEX_COMPONENTS) == integer - {"draft_token"}
     # what the reference does not store is derived from what it does, by the judge
     for c in REGISTRY:
         if not c.reference_trace:
@@ -96,7 +96,7 @@ def test_the_reference_trace_holds_exactly_the_trace_components(reference_step0)
 
 
 def test_every_judged_value_has_a_tolerance_in_every_precision():
-    from harness.production.verdict import tolerances
+    from harness.production.judging import tolerances
 
     tables = tolerances.GPU_VS_REFERENCE_BY_QUANT
     assert tuple(tables) == C.PRECISIONS
@@ -110,7 +110,7 @@ def test_every_judged_value_has_a_tolerance_in_every_precision():
 
 
 def test_fp8_tolerances_widen_the_bf16_ones_and_nothing_else():
-    from harness.production.verdict import tolerances
+    from harness.production.judging import tolerances
 
     bf16 = tolerances.GPU_VS_REFERENCE
     for precision in C.PRECISIONS[1:]:

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import reference as R
-from harness.cases import CASES
+from harness import case_registry
 from harness.production.engine import acceptance as A
 from harness.production.engine.bookkeeping import TargetCall, check
-from harness.production.engine.cases import EngineCase
-from harness.production.engine.judge import judge_run, verdict_problems
-from harness.production.engine.replay import DraftCall
+from harness.case_specs import EngineCase
+from harness.production.engine.generation_judge import judge_run, verdict_problems
+from harness.production.engine.draft_replay import DraftCall
 from reference.mtp import compact_topk, forward_step, layer_weights
 from reference.tp import shard_all
 
@@ -31,7 +31,7 @@ K = 3
 
 
 def _setup(share: bool):
-    case = CASES["tiny-share-indexer" if share else "tiny-moe-sink-elementwise"]
+    case = case_registry.spec("tiny-share-indexer" if share else "tiny-moe-sink-elementwise", kind="reference")
     cfg = case.config()
     plan = A.plan_for(cfg.hidden_size, cfg.vocab_size, 7)
     w = A.acceptance_weights(cfg, case.weights(), plan, 7)

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import reference as R
-from harness.cases import CASES
-from harness.compare import logit_margin_decisive
-from harness.production.engine.judge import verdict_problems, worst_exit_code
+from harness import case_registry
+from harness.trace_compare import logit_margin_decisive
+from harness.production.engine.generation_judge import verdict_problems, worst_exit_code
 from harness.production.engine.taps import match_rows
-from harness.production.engine.replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay, run_facts,
-                                              token_requests)
-from harness.production.verdict.tolerances import tolerances_for
+from harness.production.engine.draft_replay import (CallReplay, DraftCall, RequestRegistry, judge_tokens, replay,
+                                                    run_facts, token_requests)
+from harness.production.judging.tolerances import tolerances_for
 
 LOGITS_TOL = tolerances_for("bf16")["logits"]
 
@@ -72,7 +72,7 @@ def test_match_rows_finds_gathered_copies():
 def test_replay_of_one_proposal_is_the_reference_draft(case_id):
     """Calls laid out as the engine records one propose(): the replay reproduces reference.draft
     (step 0 exactly; steps >= 1 are fed bf16 hidden states, so within the token verdict)."""
-    case = CASES[case_id]
+    case = case_registry.spec(case_id, kind="reference")
     cfg, w, first = case.config(), case.weights(), case.first_step()
     res = R.draft(cfg, w, first, case.steps)
     last = first.last_rows()
@@ -118,7 +118,8 @@ def _engine_calls(cfg, gen, rejected_step: bool):
 
 
 def test_rejected_positions_are_overwritten_by_the_next_step():
-    cfg, w = CASES["tiny-moe-sink-elementwise"].config(), CASES["tiny-moe-sink-elementwise"].weights()
+    case = case_registry.spec("tiny-moe-sink-elementwise", kind="reference")
+    cfg, w = case.config(), case.weights()
     clean = replay(cfg, w, _engine_calls(cfg, torch.Generator().manual_seed(0), False))
     dirty = replay(cfg, w, _engine_calls(cfg, torch.Generator().manual_seed(0), True))
     assert not [r.error for r in clean + dirty if r.error]
@@ -127,7 +128,8 @@ def test_rejected_positions_are_overwritten_by_the_next_step():
 
 
 def test_a_position_nothing_wrote_is_reported_not_read():
-    cfg, w = CASES["tiny-moe-sink-elementwise"].config(), CASES["tiny-moe-sink-elementwise"].weights()
+    case = case_registry.spec("tiny-moe-sink-elementwise", kind="reference")
+    cfg, w = case.config(), case.weights()
     calls = _engine_calls(cfg, torch.Generator().manual_seed(0), False)
     calls[-1].positions = calls[-1].positions + 2  # skips two positions of each request
     reps = replay(cfg, w, calls)
@@ -136,7 +138,7 @@ def test_a_position_nothing_wrote_is_reported_not_read():
 
 
 def test_index_sharing_without_step0_is_an_error_not_a_crash():
-    case = CASES["tiny-share-indexer"]
+    case = case_registry.spec("tiny-share-indexer", kind="reference")
     cfg, w, first = case.config(), case.weights(), case.first_step()
     res = R.draft(cfg, w, first, 2)
     call = _call(0, 1, res.inputs[1], [1, 2], sample_rows=torch.arange(2))
@@ -233,10 +235,10 @@ def _simulated_engine(cfg, k_steps=2, engine_steps=3, stale=True):
 def test_judge_run_report_of_a_faithful_engine_passes():
     import json
 
-    from harness.production.engine.cases import EngineCase
-    from harness.production.engine.judge import judge_run
+    from harness.case_specs import EngineCase
+    from harness.production.engine.generation_judge import judge_run
 
-    case = CASES["tiny-share-indexer"]
+    case = case_registry.spec("tiny-share-indexer", kind="reference")
     cfg, w = case.config(), case.weights()
     calls = _simulated_engine(cfg)
     for c, r in zip(calls, replay(cfg, w, calls)):
@@ -249,7 +251,8 @@ def test_judge_run_report_of_a_faithful_engine_passes():
     assert verdict_problems(rep) == [], verdict_problems(rep)
     assert c["drafted"] == c["compared"] + c["ties"] == 2 * len(calls) and c["max_draft_steps"] == 2
     assert rep["facts"]["accepted_drafts_per_step"] == {"0": 5, "1": 1}
-    assert rep["facts"]["seq_len_disagreements"] == 0 and rep["facts"]["step0_rejected_rows"] == 11  # (2+2) + (1+2) + (2+2)
+    assert rep["facts"]["seq_len_disagreements"] == 0
+    assert rep["facts"]["step0_rejected_rows"] == 11  # (2+2) + (1+2) + (2+2)
     # a production token flipped on a decisive row is a mismatch
     calls[-1].tokens = calls[-1].tokens.clone()
     row = next(s for s in range(2) if logit_margin_decisive(calls[-1].logits[s], LOGITS_TOL))
@@ -261,7 +264,7 @@ def test_judge_run_report_of_a_faithful_engine_passes():
 def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
     """Stale ids / positions in step 0's rejected rows change nothing (they are not replayed); the
     slots they wrote are unwritten for the reference: a read of one is reported."""
-    case = CASES["tiny-share-indexer"]
+    case = case_registry.spec("tiny-share-indexer", kind="reference")
     cfg, w = case.config(), case.weights()
     clean = replay(cfg, w, _simulated_engine(cfg, stale=False))
     calls = _simulated_engine(cfg, stale=True)
@@ -272,7 +275,7 @@ def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
     assert dirty[4].rows.tolist() == [0, 1, 3]  # engine step 2: request 0 accepted 1 draft, request 1 none
     # a step 1 that skipped position sample + 1 would read a rejected row's slot (a case where
     # steps >= 1 attend to their whole context: with index sharing they read step 0's top-k only)
-    case = CASES["tiny-moe-sink-elementwise"]
+    case = case_registry.spec("tiny-moe-sink-elementwise", kind="reference")
     cfg, w = case.config(), case.weights()
     calls = _simulated_engine(cfg, stale=True)
     assert not [r.error for r in replay(cfg, w, calls) if r.error]
@@ -282,11 +285,12 @@ def test_step0_rejected_rows_are_dropped_and_their_slots_never_read():
 
 
 def test_recording_round_trip_and_rejudge(tmp_path):
-    from harness.production.engine.cases import EngineCase
+    from harness.case_specs import EngineCase
     from harness.commands.engine import main
-    from harness.production.engine.judge import judge_run, rejudge
-    from harness.production.engine.replay import load_recording, save_recording
-    from harness.production.cases import case_inputs, GpuCase
+    from harness.production.engine.generation_judge import judge_run, rejudge
+    from harness.production.engine.recording import load_recording, save_recording
+    from harness.production.case_inputs import case_inputs
+    from harness.case_specs import GpuCase
 
     case = EngineCase("sim-rejudge", overrides=(("index_share_for_mtp_iteration", True),), seed=5,
                       num_speculative_tokens=2)

@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from harness import case_registry
 from harness.checkpoint.synth import synth_config, write_synthetic
 from harness.cli import main as cli_main
 from reference.config import MTPConfig
@@ -252,7 +253,8 @@ CHECKPOINT_CASES = [
     ("tensor-wrong-shape", "bf16", _tensor(Q, lambda t: t[:-1].clone()), [Q, "shape"]),
     ("tensor-wrong-dtype", "bf16", _tensor(Q, lambda t: t.to(torch.float16)), [Q, "dtype"]),
     ("tensor-extra-unknown", "bf16", _add(P + "self_attn.q_b_proj.bias", S2), [P + "self_attn.q_b_proj.bias"]),
-    ("tensor-extra-mtp-layer", "bf16", _add("model.mtp_layers.1.enorm.weight", S1), ["model.mtp_layers.1.enorm.weight"]),
+    ("tensor-extra-mtp-layer", "bf16", _add("model.mtp_layers.1.enorm.weight", S1),
+     ["model.mtp_layers.1.enorm.weight"]),
     ("weight-nan", "bf16", _tensor(Q, _poke(5, NAN)), [Q, "non-finite"]),
     ("weight-inf", "bf16", _tensor(Q, _poke(7, -INF)), [Q, "non-finite"]),
     ("expert-weight-nan", "bf16", _tensor(P + "mlp.experts.6.down_proj.weight", _poke(0, NAN)),
@@ -330,7 +332,7 @@ def _production_raises(monkeypatch, exc):
     from harness.production import can_run
     from harness.production.module import side_by_side
 
-    from harness.commands import compare as compare_cli
+    from harness.production.engine import process as engine_process
 
     def run_case(case, **kw):
         raise exc
@@ -342,7 +344,7 @@ def _production_raises(monkeypatch, exc):
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: None)
     monkeypatch.setattr(side_by_side, "run_case", run_case)
-    monkeypatch.setattr(compare_cli, "start_engine_cases", start_engine_cases)
+    monkeypatch.setattr(engine_process, "start_engine_cases", start_engine_cases)
 
 
 UNLOADED = ["model.layers.3.mtp_block.mlp.gate.e_score_correction_bias: received no checkpoint value",
@@ -473,10 +475,10 @@ def test_bad_arguments_are_one_line_exit_2(case_id, argv, culprits, tmp_path, ca
 def test_engine_command_follows_the_contract(tmp_path, capsys, monkeypatch):
     from harness.production import can_run
     from harness.commands.engine import main as engine_main
-    from harness.production.engine import judge as engine
-    from harness.production.engine.cases import ENGINE_CASES
+    from harness.production.engine import generation_judge as engine
+    engine_cases = case_registry.specs(kind="engine")
 
-    case = sorted(ENGINE_CASES)[0]
+    case = sorted(engine_cases)[0]
     _assert_one_line(*_run(capsys, "--case", "no-such-case", main=engine_main), 2, "no-such-case")
     _assert_one_line(*_run(capsys, "--rejudge", tmp_path / "missing", main=engine_main), 2,
                      f"error: --rejudge {tmp_path / 'missing'}: not a directory")
@@ -575,9 +577,9 @@ def test_worst_of_several_exit_codes():
 def test_golden_problems_are_named(tmp_path):
     import hashlib as _hashlib
 
-    from harness import goldens
+    from harness.goldens import store
 
-    goldens.write("reference", "c1", {"step0.logits": torch.zeros(2, 3, dtype=torch.float64)}, {"case": "c1"},
+    store.write("reference", "c1", {"step0.logits": torch.zeros(2, 3, dtype=torch.float64)}, {"case": "c1"},
                   root=tmp_path)
     path = tmp_path / "reference" / "c1.safetensors"
     data = bytearray(path.read_bytes())
@@ -585,13 +587,13 @@ def test_golden_problems_are_named(tmp_path):
     path.write_bytes(bytes(data))
     now = _hashlib.sha256(bytes(data)).hexdigest()
     recorded = json.loads((tmp_path / "manifest.json").read_text())["cases"]["reference/c1"]["sha256"]
-    with pytest.raises(goldens.GoldenError) as ei:
-        goldens.load("reference", "c1", root=tmp_path)
+    with pytest.raises(store.GoldenError) as ei:
+        store.load("reference", "c1", root=tmp_path)
     assert f"sha256 {now} != manifest {recorded}" in str(ei.value)  # full digests, never cut
     for doc in ({"meta": {}}, [], {"cases": []}, {"cases": {"reference/c1": "x"}}):
         (tmp_path / "manifest.json").write_text(json.dumps(doc))
-        with pytest.raises(goldens.GoldenError, match="manifest.json: not a goldens manifest"):
-            goldens.read_manifest(tmp_path)
+        with pytest.raises(store.GoldenError, match="manifest.json: not a goldens manifest"):
+            store.read_manifest(tmp_path)
 
 
 @pytest.mark.parametrize("value,refused", [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("Yes", True),
@@ -604,14 +606,14 @@ def test_update_goldens_is_refused_whenever_ci_is_set(value, refused):
 
 
 def test_main_job_with_a_corrupt_golden_cannot_judge(monkeypatch, capsys):
-    from harness import goldens
+    from harness.goldens import store
     from harness.production import can_run
 
     def load(kind, case_id, root=None):
-        raise goldens.GoldenError(f"golden file goldens/{kind}/{case_id}.safetensors is corrupt or edited")
+        raise store.GoldenError(f"golden file goldens/{kind}/{case_id}.safetensors is corrupt or edited")
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
-    monkeypatch.setattr(goldens, "load", load)
+    monkeypatch.setattr(store, "load", load)
     code, lines, text = _run(capsys, "main")
     assert code == 125 and "Traceback" not in text and any("is corrupt or edited" in line for line in lines), text
 
@@ -674,14 +676,14 @@ def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys)
     """``main --report`` where the job falls back to the reference goldens: the judged cases'
     reports in compare's format (``harness report`` reads it), not silently nothing."""
     from harness.production import can_run
-    from harness.golden_check import GOLDEN_CASES
     from harness.report import read_report
 
     monkeypatch.setattr(can_run, "cannot_run_production_reason", lambda: "no CUDA device")
     code, lines, text = _run(capsys, "main", "--report", tmp_path / "r.json")
     assert code == 0, text
     doc = read_report(tmp_path / "r.json")
-    assert sorted(doc["cases"]) == sorted(GOLDEN_CASES) and doc["meta"]["job"].startswith("reference vs goldens")
+    assert sorted(doc["cases"]) == sorted(case_registry.ids(role="golden", kind="reference"))
+    assert doc["meta"]["job"].startswith("reference vs goldens")
     (tmp_path / "a-file").write_text("x")
     code, lines, text = _run(capsys, "main", "--report", tmp_path / "a-file" / "r.json")
     assert code == 2 and "--report" in lines[-1] and "Traceback" not in text, text
@@ -693,9 +695,9 @@ def test_main_job_without_a_gpu_writes_its_report(tmp_path, monkeypatch, capsys)
      "error: unknown preset 'nope'; choose one of tiny, small, real-dims"),
     (["-m", "harness", "reference", "preset:tiny", "--out", "{tmp}/x.safetensors", "--device", "cuda",
       "--steps", "0"], 2, "error: --steps, --requests, --tokens and --tp must be >= 1"),
-    (["-m", "harness.production.engine", "--mutant", "nope"], 2, "error: --mutant nope: unknown speculator mutant"),
-    (["-m", "harness.production.engine", "--sweep"], 2, "error: --sweep needs exactly one --case"),
-    (["-m", "harness.production.engine", "--case", "engine-tiny-k2"], 125, "cannot judge: no CUDA device"),
+    (["-m", "harness", "engine", "--mutant", "nope"], 2, "error: --mutant nope: unknown speculator mutant"),
+    (["-m", "harness", "engine", "--sweep"], 2, "error: --sweep needs exactly one --case"),
+    (["-m", "harness", "engine", "--case", "engine-tiny-k2"], 125, "cannot judge: no CUDA device"),
 ])
 def test_answered_before_torch_is_imported(tmp_path, argv, code, line):
     """These answers need no torch: a torch that ends the process with exit 99 when imported
@@ -726,12 +728,12 @@ def test_compare_refuses_steps_and_seed_with_a_case_id(capsys, flags):
     line naming them (never silently dropped), on any machine; a preset takes them."""
     from harness.cli import build_parser
     from harness.commands.compare import _case_for, validate_args
-    from harness.production.cases import GPU_CASES
-    from harness.production.engine.cases import ENGINE_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    engine_cases = case_registry.specs(kind="engine")
 
-    for cid in (next(iter(GPU_CASES)), next(iter(ENGINE_CASES))):
+    for cid in (next(iter(gpu_cases)), next(iter(engine_cases))):
         _assert_one_line(*_run(capsys, "compare", cid, *flags), 2, cid, flags[0])
     args = build_parser().parse_args(["compare", "preset:tiny", *flags])
-    validate_args("compare_command", args)
+    validate_args(args)
     case = _case_for(args)
     assert case.steps == (3 if "--steps" in flags else 2) and case.seed == (7 if "--seed" in flags else 0)

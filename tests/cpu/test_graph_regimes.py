@@ -16,7 +16,7 @@ import torch
 from harness import case_registry as reg
 from harness.production.engine import graph_regimes as gr
 from harness.production.engine.graph_tap import GraphStep, GraphTap
-from harness.production.engine.judge import verdict_problems
+from harness.production.engine.generation_judge import verdict_problems
 
 
 def _step(i, r, k, *, decode="FULL", prefill="FULL", facts=None):
@@ -152,7 +152,7 @@ def test_a_regime_not_run_is_not_attributed_to_capture():
     """A graph case whose only problem is a declared regime that did not run keeps that line first
     (no eager re-run, no "graph replay differs from eager"): coverage, not a capture bug; numeric
     problems are attributed and the regime lines follow them."""
-    from harness.production.engine.judge import _graph_attribution, split_regime_problems
+    from harness.production.engine.generation_judge import _graph_attribution, split_regime_problems
 
     reg_line = gr.problems(("padded_rows",), {"padded_rows": 0})[0]
     assert split_regime_problems([reg_line]) == ([], [reg_line])

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import reference as R
-from harness.cases import CASES
-from harness.production.engine.cases import ENGINE_CASES, EngineCase
+from harness import case_registry
+from harness.case_specs import EngineCase
 from harness.production.engine.graph_tap import GraphStep, GraphTap, graph_calls, target_calls
-from harness.production.engine.replay import DraftCall, replay
-from harness.production.engine.judge import _graph_attribution, judge_run, verdict_problems
+from harness.production.engine.draft_replay import DraftCall, replay
+from harness.production.engine.generation_judge import _graph_attribution, judge_run, verdict_problems
 from harness.production.engine.taps import graph_replay_counts
 from harness.production.engine.speculator_mutants import MUTANTS, SWEEPABLE
 
@@ -54,7 +54,8 @@ def _judge(cfg, w, steps):
 
 @pytest.fixture(scope="module", params=["tiny-moe-sink-elementwise", "tiny-share-indexer"])
 def sparse_case(request):
-    case = CASES[request.param]  # sparse attention; the second shares step 0's top-k rows
+    # sparse attention; the second shares step 0's top-k rows
+    case = case_registry.spec(request.param, kind="reference")
     return case.config(), case.weights()
 
 
@@ -198,9 +199,10 @@ def test_graph_mode_not_exercised_is_a_problem():
 def test_capture_only_mutants_are_judged_in_both_modes():
     for name, m in MUTANTS.items():
         if m.passes_eager is None:  # an eager-path bug: planted on an eager case
-            assert not ENGINE_CASES[m.case].graphs, name
+            assert not case_registry.spec(m.case, kind="engine").graphs, name
             continue
-        assert ENGINE_CASES[m.case].graphs and not ENGINE_CASES[m.passes_eager].graphs, name
+        assert case_registry.spec(m.case, kind="engine").graphs, name
+        assert not case_registry.spec(m.passes_eager, kind="engine").graphs, name
         assert m.expect == "graph replay differs from eager"
     assert any(MUTANTS[n].passes_eager for n in SWEEPABLE)  # the graph case's sweep has a capture-only bug to catch
     assert any(m.at_build for m in MUTANTS.values())
@@ -209,9 +211,9 @@ def test_capture_only_mutants_are_judged_in_both_modes():
 def test_a_known_vllm_gap_is_matched_by_the_speculator_vllm_picked():
     import dataclasses as dc
 
-    from harness.production.engine.judge import case_from_dict, upstream_gap
+    from harness.production.engine.generation_judge import case_from_dict, upstream_gap
 
-    case = ENGINE_CASES["engine-accept-k2-two-layers-share"]
+    case = case_registry.spec("engine-accept-k2-two-layers-share", kind="engine")
     assert case_from_dict(dc.asdict(case)) == case
     rep = {"case": dc.asdict(case), "runner": {"proposer": "MultiModuleMTPSpeculator"}}
     assert upstream_gap(rep)[0] == "MultiModule"

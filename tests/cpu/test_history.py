@@ -394,6 +394,7 @@ def test_a_night_s_tier_and_bisect_check_are_judged_each_against_their_own_kind(
         for kind in ("gpu-tier", "bisect-check"):
             doc = report(scale=scale if kind == "gpu-tier" else 1.0, tag=f"{night}{kind}")
             store.append(path, ingest.run_from_doc(doc, kind=kind, exit_code=0,
-                                                   started_at=f"2026-12-0{night + 1}T0{3 if kind == 'gpu-tier' else 4}:00:00+00:00"))
+                                                   started_at=f"2026-12-0{night + 1}"
+                                                              f"T0{3 if kind == 'gpu-tier' else 4}:00:00+00:00"))
     (f,) = _findings(path)  # the tier moved; bisect-check, run after it, did not
     assert f.name == "step0.attn.out" and f.runs == 2

@@ -145,12 +145,14 @@ def test_restore_round_trip_gives_the_same_bytes_links_and_folders(packed, tmp_p
     assert all(p.lstat().st_mtime >= t0 - 1 for p in (root / "triton").rglob("*") if not p.is_symlink())
     packed_names = set(jit_pack.packed_layers(str(src)))
     assert _tree(root, packed_names) == _tree(src, packed_names)
-    assert (root / "triton" / "latest.so").read_bytes() == (src / "triton" / "mod" / "deep" / "er" / "kernel.so").read_bytes()
+    assert ((root / "triton" / "latest.so").read_bytes()
+            == (src / "triton" / "mod" / "deep" / "er" / "kernel.so").read_bytes())
     assert (root / "pycache" / "mine.pyc").read_bytes() == b"this host's bytecode"  # not packed, not touched
     assert not (root / "python-metadata").exists()
     import json
     stamp = json.loads((root / jit_pack.STAMP).read_text())
-    assert stamp["steps"] == {"tiny-k1": "f00d"} and stamp["restored"]["key"] == jit_pack.key_digest(jit_pack.cache_key(HOST))
+    assert stamp["steps"] == {"tiny-k1": "f00d"}
+    assert stamp["restored"]["key"] == jit_pack.key_digest(jit_pack.cache_key(HOST))
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []  # no temp folder left
     # once restored, a second restore has nothing to do
     assert jit_pack.restore(str(pack), str(root), HOST)[0] == "held"
@@ -307,7 +309,8 @@ def cli_env(monkeypatch):
 
 @pytest.mark.parametrize("argv, culprit", [
     (["--restore-only"], "--restore-only needs --restore"),
-    (["--restore", "{pack}", "--restore-only", "--pack", "{tmp}/p2", "--cache", "{tmp}/c"], "--restore-only and --pack"),
+    (["--restore", "{pack}", "--restore-only", "--pack", "{tmp}/p2", "--cache", "{tmp}/c"],
+     "--restore-only and --pack"),
     (["--restore", "{pack}"], "--restore needs one cache root"),
     (["--restore", "{tmp}/nowhere", "--cache", "{tmp}/c"], "--restore {tmp}/nowhere: no such directory"),
     (["--restore", "{tmp}", "--cache", "{tmp}/c"], "MANIFEST: missing"),
@@ -425,3 +428,78 @@ def test_the_benchmark_table_gives_each_figure_and_the_ratio(capsys):
     # 1.8 s transfer + 6 + 21 + 41 = 69.8 s
     assert "first verdict 69.8 s  (0.34x of without; target met)" in out
     assert "compiled by bisect-check after the restore: 0" in out and "0.34.0's pack here: refused" in out
+
+
+# ---- ninja (FlashInfer's JIT builds) finds a restored build up to date ------------------------------
+
+def _ninja() -> str:
+    try:
+        import ninja
+    except ImportError:
+        pytest.skip("the ninja package (a vLLM dependency) is not installed in this environment")
+    return os.path.join(ninja.BIN_DIR, "ninja")
+
+
+def _ninja_plan(ninja: str, build: pathlib.Path) -> str:
+    """What ninja would do in ``build`` (a dry run), with its reasons."""
+    res = subprocess.run([ninja, "-n", "-d", "explain", "-C", str(build), "-f", str(build / "build.ninja")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout + res.stderr
+
+
+def test_a_restored_ninja_build_is_up_to_date_though_its_sources_were_installed_after_the_pack(tmp_path):
+    """FlashInfer's builds as ninja sees them: a compile rule with a gcc depfile (``deps = gcc``: the
+    header lands in .ninja_deps) over an installed source and a generated one in the cache, and a
+    link. After the pack, the 'installed' sources are written again (a fresh host installs them
+    after the pack was made); the pack restored into its root, emptied, must leave ninja nothing to
+    do. Dating the restored files now alone (leaving the logs' times) is what rebuilt FlashInfer's
+    modules on a GPU host: ninja wants to rebuild then, so this test can fail."""
+    ninja = _ninja()
+    site = tmp_path / "site"  # the installed library: a source and a header outside the cache
+    site.mkdir()
+    (site / "k.cu").write_text("kernel\n")
+    (site / "k.h").write_text("header\n")
+    root = tmp_path / "jit"
+    build = root / "flashinfer" / ".cache" / "flashinfer" / "mod"
+    gen = root / "flashinfer" / ".cache" / "flashinfer" / "generated"
+    build.mkdir(parents=True)
+    gen.mkdir()
+    (gen / "g.cu").write_text("generated\n")
+    (build / "build.ninja").write_text(
+        "rule cc\n"
+        f"  command = cat $in > $out && printf '%s: %s\\n' $out {site / 'k.h'} > $out.d\n"
+        "  depfile = $out.d\n  deps = gcc\n"
+        "rule link\n  command = cat $in > $out\n"
+        f"build {build / 'k.o'}: cc {site / 'k.cu'}\n"
+        f"build {build / 'g.o'}: cc {gen / 'g.cu'}\n"
+        f"build {build / 'mod.so'}: link {build / 'k.o'} {build / 'g.o'}\n")
+    subprocess.run([ninja, "-C", str(build)], check=True, capture_output=True, timeout=60)
+    assert "no work to do" in _ninja_plan(ninja, build)
+    pack = tmp_path / "pack"
+    jit_pack.write_pack(str(root), str(pack), HOST, PART)
+    shutil.rmtree(root)
+    for f in site.iterdir():  # installed after the pack was made
+        f.write_text(f.read_text())
+    outcome, line = jit_pack.restore(str(pack), str(root), HOST)
+    assert outcome == "restored", line
+    plan = _ninja_plan(ninja, build)
+    assert "no work to do" in plan, plan
+    # the files alone dated now, the logs' times as packed: ninja rebuilds (stale deps / log)
+    for p in (root / "flashinfer").rglob("*"):
+        os.utime(p)
+    (site / "k.h").write_text("header\n")
+    plan = _ninja_plan(ninja, build)
+    assert "no work to do" not in plan, plan
+
+
+def test_the_pack_names_its_python_environment_and_a_restore_under_another_says_it_rebuilds(packed, tmp_path):
+    src, pack = packed
+    manifest = (pack / jit_pack.MANIFEST).read_text()
+    assert f"prefix={sys.prefix}\n" in manifest
+    other = tmp_path / "pack"
+    shutil.copytree(pack, other)
+    text = (other / jit_pack.MANIFEST).read_text().replace(f"prefix={sys.prefix}\n", "prefix=/elsewhere/venv\n")
+    (other / jit_pack.MANIFEST).write_text(text)
+    outcome, line = jit_pack.restore(str(other), str(tmp_path / "root"), HOST)
+    assert outcome == "restored" and "packed under the Python environment /elsewhere/venv" in line, line

@@ -133,7 +133,8 @@ def test_kv_cache_dtype_names_and_the_stored_values():
         with pytest.raises(ConfigError, match=bad):
             DraftCache(bad)
     g = torch.Generator().manual_seed(0)
-    kv_c, pe = torch.randn(5, 512, generator=g, dtype=torch.float64), torch.randn(5, 64, generator=g, dtype=torch.float64)
+    kv_c = torch.randn(5, 512, generator=g, dtype=torch.float64)
+    pe = torch.randn(5, 64, generator=g, dtype=torch.float64)
     assert K.stored_kv("auto", kv_c, pe) == (kv_c, pe)
     c8, p8 = K.stored_kv("fp8", kv_c, pe)
     assert c8.dtype == torch.float64 and not torch.equal(c8, kv_c)
@@ -173,18 +174,19 @@ def test_a_reader_in_another_convention_does_not_recover_tiles_of_different_scal
 def short_fp8kv_case():
     """tiny-k2-long-fp8kv with 2 x 24 tokens (every key selected: top-k 128 > the context): the
     verdict's machinery on an emulated production trace in about a second."""
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    return dataclasses.replace(GPU_CASES["tiny-k2-long-fp8kv"], id="fp8kv-short", tokens=24)
+    return dataclasses.replace(gpu_cases["tiny-k2-long-fp8kv"], id="fp8kv-short", tokens=24)
 
 
 def _verdict(case, trace):
-    from harness.production.verdict.judge import judge
+    from harness.production.judging.trace_judge import judge
     return judge(case, trace, {})
 
 
 def test_the_emulated_fp8kv_production_passes_and_a_bf16_reference_is_not_what_it_serves(short_fp8kv_case):
-    from harness.production.verdict import kv_fp8_emulation as E
+    from harness.production.judging import kv_fp8_emulation as E
 
     res = _verdict(short_fp8kv_case, E.emulated_trace(short_fp8kv_case))
     assert res.passed, res.details["table"]
@@ -201,7 +203,7 @@ def test_the_emulated_fp8kv_production_passes_and_a_bf16_reference_is_not_what_i
 def test_each_planted_fp8kv_bug_in_an_emulated_production_fails_naming_its_component(name, short_fp8kv_case):
     from harness import mutants as M
     from harness.mutants import attention as A
-    from harness.production.verdict import kv_fp8_emulation as E
+    from harness.production.judging import kv_fp8_emulation as E
 
     case = short_fp8kv_case
     if name == "kv-fp8-rope-quantised":  # the writer's bug: the rows production records
@@ -311,13 +313,14 @@ def test_fp8kv_tolerances_widen_the_bf16_ones_downstream_of_the_cache_and_say_so
                 assert t is base[name], name
     # only what reads the cached latent, and what follows it, is widened
     assert all(ORDER.index(n) >= ORDER.index("attn.core") for n in KV_CACHE_FP8_ATOL)
-    assert tolerance_table("bf16", "fp8")["attn.kv_cache"].atol == 0 == tolerance_table("bf16", "fp8")["attn.kv_cache"].rtol
+    kv_tol = tolerance_table("bf16", "fp8")["attn.kv_cache"]
+    assert kv_tol.atol == 0 == kv_tol.rtol
     with pytest.raises(KeyError, match="fp8_e5m2"):
         tolerance_table("bf16", "fp8_e5m2")
 
 
 def test_an_engine_case_served_with_fp8_whose_draft_ran_another_cache_fails():
-    from harness.production.engine.judge import verdict_problems
+    from harness.production.engine.generation_judge import verdict_problems
 
     def rep(stored):
         return {"counts": {"compared": 3, "max_context": 200, "index_topk": 128, "num_speculative_tokens": 1,

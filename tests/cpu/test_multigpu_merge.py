@@ -53,7 +53,8 @@ def test_topk_rows_compare_as_sets_across_ranks():
     assert merge_ranks([r0, dict(r0)], full)[1]["step0.attn.topk"] == "replicated"
     assert merge_ranks([r0, full], full)[1]["step0.attn.topk"] == "replicated (same sets, order differs)"
     r1 = {"step0.attn.topk": torch.tensor([[3, 1, 2, -1], [0, 1, 2, 4]])}
-    assert merge_ranks([r0, r1], full)[1]["step0.attn.topk"] == "rank-variant: 1 row(s) select different sets across ranks"
+    assert (merge_ranks([r0, r1], full)[1]["step0.attn.topk"]
+            == "rank-variant: 1 row(s) select different sets across ranks")
 
 
 def _judged(final_norm, tokens1, logits1):
@@ -68,7 +69,7 @@ def _judged(final_norm, tokens1, logits1):
 def test_tp_vs_tp1_judges_step0_values_and_tokens_only():
     from harness.production.tp.multigpu import compare_tp
     from harness.components import PRODUCTION_COMPONENTS
-    from harness.production.verdict.tolerances import tolerances_for
+    from harness.production.judging.tolerances import tolerances_for
 
     tols = tolerances_for("bf16")
     base = torch.ones(2, 4)

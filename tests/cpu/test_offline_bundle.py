@@ -220,7 +220,8 @@ def test_verify_accepts_parts_of_the_old_workplace_script(packed, tmp_path):
     assert _sh(TOOLS / "verify.sh", out).returncode == 0
     r = _sh(TOOLS / "unpack.sh", out, tmp_path / "dest")
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "dest" / "bundle" / "vllm.tar.xz").read_bytes() == (stage / "bundle" / "vllm.tar.xz").read_bytes()
+    assert ((tmp_path / "dest" / "bundle" / "vllm.tar.xz").read_bytes()
+            == (stage / "bundle" / "vllm.tar.xz").read_bytes())
 
 
 def test_strip_leaves_out_what_strip_txt_lists(tmp_path):
@@ -357,11 +358,13 @@ def test_install_end_to_end(parts, jit_pack_dir, tmp_path, _store):
     env_dir = tmp_path / "vllm-env"
     r = _install(parts, env_dir, HYV4_JIT_CACHE=str(tmp_path / "jit"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"^offline-bundle: the packed JIT cache was not restored \(exit \d+\): \S", r.stdout, re.M), r.stdout
+    assert re.search(r"^offline-bundle: the packed JIT cache was not restored \(exit \d+\): \S",
+                     r.stdout, re.M), r.stdout
     assert not any((tmp_path / "jit").rglob("kernel.so"))
     assert "parts match SHA256SUMS" in r.stdout
     assert "vllm 0.0.fake torch 0.0.fake-torch" in r.stdout and "platform FakePlatform capability None" in r.stdout
-    assert re.search(r"^cutlass-dsl 4\.8\.0 cu13 from .*nvidia_cutlass_dsl/dsl_packages/cutlass$", r.stdout, re.M), r.stdout
+    assert re.search(r"^cutlass-dsl 4\.8\.0 cu13 from .*nvidia_cutlass_dsl/dsl_packages/cutlass$",
+                     r.stdout, re.M), r.stdout
     assert (env_dir / "pyvenv.cfg").is_file()
     assert sorted(p.name for p in _store.iterdir()) == ["0.0.fake"], "the bundle is kept, the joined parts are not"
     assert (_store / "0.0.fake" / "deps" / "hyv4_fake_dep-1.0-py3-none-any.whl").is_file()
@@ -514,7 +517,8 @@ def test_strip_list_is_documented_and_used():
     for pins in sorted(TOOLS.glob("extra-wheels*.txt")):
         wheels = [w.split("#", 1)[0].strip() for w in pins.read_text().splitlines()]
         wheels = [w for w in wheels if w]
-        assert wheels and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[\w.]+", w) for w in wheels), f"{pins.name}: pin every wheel"
+        assert wheels and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[\w.]+", w) for w in wheels), \
+            f"{pins.name}: pin every wheel"
 
 
 def test_readme_points_at_the_project_tooling():

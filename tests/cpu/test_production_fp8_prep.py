@@ -21,14 +21,16 @@ import pytest
 import torch
 
 import reference as R
-from harness.compare import compare_traces
+from harness import case_registry as reg
+from harness.trace_compare import compare_traces
 from harness.components import PRODUCTION_COMPONENTS
+from harness.production.case_inputs import _case_from_dict, case_inputs
 from harness.production.module import side_by_side as sbs
 from harness.production.module.checkpoint_cast import cast_for_vllm
-from harness.production.verdict.fp8_emulation import (VARIANTS, as_production_trace, emulate, emulated_production_trace,
-                                              quantize_act)
-from harness.production.verdict.tolerances import (GPU_VS_REFERENCE, GPU_VS_REFERENCE_BY_QUANT, tolerance,
-                                           tolerances_for)
+from harness.production.judging.fp8_emulation import as_production_trace, emulate, emulated_production_trace
+from harness.production.judging.fp8_numerics import VARIANTS, quantize_act
+from harness.production.judging.tolerances import (GPU_VS_REFERENCE, GPU_VS_REFERENCE_BY_QUANT, tolerance,
+                                                    tolerances_for)
 from reference.fp8 import dequantize_block
 
 SPLIT, FUSED = "tiny-k2-fp8-split-long", "tiny-k2-fp8-ue8m0-fused-scale-long"
@@ -80,7 +82,7 @@ def _reference_runs_once():
     import sys
 
     from harness import regimes
-    from harness.production.verdict import fp8_emulation, judge as judge_mod
+    from harness.production.judging import fp8_emulation, trace_judge as judge_mod
 
     memo: dict = {}
 
@@ -97,7 +99,8 @@ def _reference_runs_once():
         # every input of the replay is in the key: a test that hands in other weights or inputs
         # for the same case (a planted change) gets its own replay, never a cached one
         runs = once("replay", _digest(case, hf, cfg, weights, prod, first),
-                    lambda: dataclasses.replace(real_replay(case, hf, cfg, weights, prod, first), weights_on_device=None))
+                    lambda: dataclasses.replace(real_replay(case, hf, cfg, weights, prod, first),
+                                                weights_on_device=None))
         # the weights the judge handed in (layer_policy replays on them), not a copy
         return dataclasses.replace(runs, weights_on_device=weights if runs.device == "cpu" else
                                    {k: v.to(runs.device) for k, v in weights.items()})
@@ -119,8 +122,8 @@ def _reference_runs_once():
 
 # ---- cases ----------------------------------------------------------------------------------------
 def test_fp8_cases_as_specified():
-    assert set(sbs.FP8_CASE_IDS) == {SPLIT, FUSED}
-    split, fused = sbs.GPU_CASES[SPLIT], sbs.GPU_CASES[FUSED]
+    assert set(reg.ids(role="fp8", kind="module")) == {SPLIT, FUSED}
+    split, fused = reg.spec(SPLIT, kind="module"), reg.spec(FUSED, kind="module")
     assert (split.preset, split.quant, split.experts) == ("tiny", "fp8", "split")
     assert (fused.preset, fused.quant, fused.experts, fused.expert_scale_suffix) == (
         "tiny", "fp8-ue8m0", "fused", "scale")
@@ -132,13 +135,13 @@ def test_fp8_cases_as_specified():
 
 def test_every_case_survives_the_json_roundtrip():
     """--rejudge rebuilds cases from side_by_side.json (lists, nested dicts)."""
-    for case in list(sbs.GPU_CASES.values()) + list(sbs.PROBE_CASES.values()):
+    for case in reg.specs(kind="module").values():  # the probes included
         d = json.loads(json.dumps(__import__("dataclasses").asdict(case)))
-        assert sbs._case_from_dict(d) == case
+        assert _case_from_dict(d) == case
 
 
 def test_fp8_case_inputs_split():
-    hf, ckpt, weights = sbs.case_inputs(sbs.GPU_CASES[SPLIT])
+    hf, ckpt, weights = case_inputs(reg.spec(SPLIT, kind="module"))
     assert hf["mtp_quant_algo"] == "FP8"
     qc = hf["quantization_config"]
     assert qc["quant_method"] == "fp8" and qc["weight_block_size"] == [128, 128] and "scale_fmt" not in qc
@@ -161,13 +164,13 @@ def test_fp8_case_inputs_split():
     wk = weights["layers.0.indexer.wk"]
     assert torch.equal(wk, wk.to(torch.bfloat16).double())
     # and they differ from the bf16 seed weights by the FP8 rounding only (<= 2^-4 of the block amax)
-    seed = R.random_weights(R.MTPConfig.from_hf_dict(hf), sbs.GPU_CASES[SPLIT].seed)
+    seed = R.random_weights(R.MTPConfig.from_hf_dict(hf), reg.spec(SPLIT, kind="module").seed)
     d = (weights["layers.0.attn.q_b_proj"] - seed["layers.0.attn.q_b_proj"]).abs().max()
     assert 0 < d <= seed["layers.0.attn.q_b_proj"].abs().max() / 16
 
 
 def test_fp8_case_inputs_ue8m0_fused_scale_suffix():
-    hf, ckpt, weights = sbs.case_inputs(sbs.GPU_CASES[FUSED])
+    hf, ckpt, weights = case_inputs(reg.spec(FUSED, kind="module"))
     assert hf["mtp_quant_algo"] == "FP8" and hf["quantization_config"]["scale_fmt"] == "ue8m0"
     p = "model.mtp_layers.0."
     gu, gus = ckpt[p + "mlp.experts.gate_up_proj"], ckpt[p + "mlp.experts.gate_up_proj.scale"]
@@ -184,8 +187,8 @@ def test_fp8_case_inputs_ue8m0_fused_scale_suffix():
 
 
 def test_bf16_case_inputs_unchanged():
-    case = sbs.GPU_CASES["tiny-k1"]
-    hf, ckpt, weights = sbs.case_inputs(case)
+    case = reg.spec("tiny-k1", kind="module")
+    hf, ckpt, weights = case_inputs(case)
     assert "quantization_config" not in hf and "mtp_quant_algo" not in hf
     cfg = R.MTPConfig.from_hf_dict(hf)
     seed = R.random_weights(cfg, case.seed)
@@ -196,7 +199,7 @@ def test_bf16_case_inputs_unchanged():
 # ---- cast -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case_id", [SPLIT, FUSED])
 def test_cast_passes_fp8_tensors_and_scales_through(case_id):
-    _, ckpt, _ = sbs.case_inputs(sbs.GPU_CASES[case_id])
+    _, ckpt, _ = case_inputs(reg.spec(case_id, kind="module"))
     out = cast_for_vllm(ckpt)
     assert set(out) == set(ckpt)
     n_fp8 = 0
@@ -267,7 +270,7 @@ def test_quantize_act_is_per_token_group_e4m3():
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_fp8_tolerances_cover_the_emulation(case_id, variant):
     """The CPU-estimated FP8 tolerances pass the emulated production path; bf16 ones do not."""
-    case = sbs.GPU_CASES[case_id]
+    case = reg.spec(case_id, kind="module")
     res = emulate(case, variant)
     assert res.passed, res.details["table"]
     # the bf16 tolerances on the same comparison: judge's verdict is compare_traces of its _prod_cmp and
@@ -285,7 +288,7 @@ def _write_run(out_dir, traces: dict[str, dict]) -> None:
     summary = {"versions": {"note": "fabricated on CPU"}, "cases": []}
     pending = {}
     for cid, prod in traces.items():
-        res = sbs.judge(sbs.GPU_CASES[cid], prod, {"step_notes": [], "audit": []})
+        res = sbs.judge(reg.spec(cid, kind="module"), prod, {"step_notes": [], "audit": []})
         summary["cases"].append(res.to_report())
         pending.update(sbs._trace_tensors(cid, res.trace))
         sbs._flush(pending, str(out_dir), len(summary["cases"]) - 1)  # one file per case, as for large runs
@@ -296,10 +299,10 @@ def _write_run(out_dir, traces: dict[str, dict]) -> None:
 def test_rejudge_saved_fp8_traces(tmp_path):
     run, out = tmp_path / "gpu", tmp_path / "rejudge"
     run.mkdir()
-    split = emulated_production_trace(sbs.GPU_CASES[SPLIT])
-    cfg = R.MTPConfig.from_hf_dict(sbs.case_inputs(sbs.GPU_CASES[FUSED])[0])
-    case = sbs.GPU_CASES[FUSED]
-    _, _, w = sbs.case_inputs(case)
+    split = emulated_production_trace(reg.spec(SPLIT, kind="module"))
+    cfg = R.MTPConfig.from_hf_dict(case_inputs(reg.spec(FUSED, kind="module"))[0])
+    case = reg.spec(FUSED, kind="module")
+    _, _, w = case_inputs(case)
     fused = as_production_trace(cfg, R.flatten(R.draft(cfg, w, R.make_case(cfg, case.seed, case.requests,
                                                                              case.tokens), case.steps,
                                                        num=R.PRODUCTION)), case.steps)
@@ -336,7 +339,7 @@ def test_main_fp8_run_saves_what_rejudge_needs(tmp_path, monkeypatch):
     assert sorted(p.name for p in run.iterdir()) == ["prod-traces-00.safetensors", "prod-traces-01.safetensors",
                                                     "side_by_side.json"]
     summary = json.loads((run / "side_by_side.json").read_text())
-    assert [c["case"]["id"] for c in summary["cases"]] == list(sbs.FP8_CASE_IDS)
+    assert [c["case"]["id"] for c in summary["cases"]] == list(reg.ids(role="fp8", kind="module"))
     assert all(c["passed"] and c["fp8_kernels"] for c in summary["cases"])
     assert sbs.main(["--rejudge", str(run), "--out", str(tmp_path / "re")]) == 0
     again = json.loads((tmp_path / "re" / "rejudge.json").read_text())["cases"]
@@ -345,7 +348,7 @@ def test_main_fp8_run_saves_what_rejudge_needs(tmp_path, monkeypatch):
 
 
 def test_rejudge_fails_a_wrong_trace(tmp_path):
-    case = sbs.GPU_CASES[SPLIT]
+    case = reg.spec(SPLIT, kind="module")
     bad = emulated_production_trace(case)
     for k in range(case.steps):
         bad[f"step{k}.attn.core"] = bad[f"step{k}.attn.core"] * 1.25
@@ -357,7 +360,8 @@ def test_rejudge_fails_a_wrong_trace(tmp_path):
 
 def test_rejudge_reports_missing_traces(tmp_path):
     with open(tmp_path / "side_by_side.json", "w") as f:
-        json.dump({"cases": [{"case": __import__("dataclasses").asdict(sbs.GPU_CASES[SPLIT]), "error": "boom"}]}, f)
+        json.dump({"cases": [{"case": __import__("dataclasses").asdict(reg.spec(SPLIT, kind="module")),
+                              "error": "boom"}]}, f)
     assert sbs.main(["--rejudge", str(tmp_path)]) == 1
 
 

@@ -10,22 +10,24 @@ import torch
 import pytest
 
 import reference as R
-from harness import goldens
+from harness import case_registry as reg
 from harness.components import PRODUCTION_COMPONENTS
-from harness.production.goldens import goldens_gpu as g
+from harness.goldens import production as g
+from harness.goldens import store
+from harness.production.case_inputs import case_inputs
 from harness.production.module import side_by_side as sbs
-from harness.production.verdict.fp8_emulation import as_production_trace
+from harness.production.judging.fp8_emulation import as_production_trace
 
 PLATFORM = {"gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0+cu130", "cuda": "13.0"}
 
 
 def _check(case_id: str, prod: dict, root):
-    """The report of ``goldens.check`` on a production golden; None when none applies here."""
-    return goldens.check(g.PRODUCTION, case_id, prod, root=root).report
+    """The report of ``store.check`` on a production golden; None when none applies here."""
+    return store.check(g.PRODUCTION, case_id, prod, root=root).report
 
 
 def _record(case_id: str, prod: dict, root):
-    assert goldens.check(g.PRODUCTION, case_id, prod, root=root, regen=True).regenerated
+    assert store.check(g.PRODUCTION, case_id, prod, root=root, regen=True).regenerated
 
 
 @pytest.fixture(autouse=True)
@@ -71,13 +73,13 @@ def test_the_platform_key_leaves_the_vllm_version_out(tmp_path, monkeypatch):
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     prod = _trace()
     _record("c", prod, tmp_path)
-    entry = goldens.read_manifest(tmp_path)["cases"]["production/c"]
+    entry = store.read_manifest(tmp_path)["cases"]["production/c"]
     assert entry["platform"] == PLATFORM and entry["recorded_with"]["vllm"] == "0.33.0"
     monkeypatch.setattr(g, "recorded_with", lambda: {"vllm": "0.34.0", "vllm_commit": None})
     rep = _check("c", prod, tmp_path)
     assert rep.passed and rep.meta["recorded_with"] == {"vllm": "0.33.0", "vllm_commit": "g4ba787ec9"}
     legacy = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "vllm": "0.33.0"}
-    goldens.write(g.KIND, "old", g._encode("old", prod), {"case": "old", "platform": legacy}, tmp_path)
+    store.write(g.KIND, "old", g._encode("old", prod), {"case": "old", "platform": legacy}, tmp_path)
     rep = _check("old", prod, tmp_path)
     assert rep.passed and rep.meta["recorded_with"] == {"vllm": "0.33.0", "vllm_commit": None}
     monkeypatch.setattr(g, "platform", lambda: {**PLATFORM, "torch": "2.12.0+cu130"})
@@ -85,12 +87,10 @@ def test_the_platform_key_leaves_the_vllm_version_out(tmp_path, monkeypatch):
 
 
 def test_the_golden_cases_are_the_default_bisect_set_and_the_checked_in_goldens_fit():
-    from harness.commands import compare as compare_cli
-    from harness.production.cases import BISECT_CASES
-
-    assert g.GOLDEN_CASES == BISECT_CASES and compare_cli.DEFAULT_BISECT_CASES is BISECT_CASES
-    assert "tiny-k2-fp8-ue8m0-fused-scale-long" in g.GOLDEN_CASES
-    size = sum(p.stat().st_size for p in goldens.ROOT.rglob("*") if p.is_file() and not goldens.is_obtained(p))
+    golden_ids = reg.ids(role="golden", kind="module")
+    assert golden_ids == reg.ids(role="bisect", kind="module")
+    assert "tiny-k2-fp8-ue8m0-fused-scale-long" in golden_ids
+    size = sum(p.stat().st_size for p in store.ROOT.rglob("*") if p.is_file() and not store.is_obtained(p))
     assert size < 5 * 2**20, f"goldens/ holds {size} bytes: re-record the long cases at ROW_CAP {g.ROW_CAP}"
 
 
@@ -131,8 +131,8 @@ def test_only_order_variant_rows_may_move(tmp_path, monkeypatch):
 def _fabricated(case_id: str) -> dict:
     """What production's hooks hand the golden: the reference in bf16 numerics, shaped by
     ``as_production_trace`` (q_fp8 e4m3 values, the raw indexer.kw, attn.topk, no scores)."""
-    case = sbs.GPU_CASES[case_id]
-    hf, _, w = sbs.case_inputs(case)
+    case = reg.spec(case_id, kind="module")
+    hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     flat = R.flatten(R.draft(cfg, w, first, case.steps, num=R.PRODUCTION))
@@ -158,8 +158,8 @@ def k3share() -> dict:
 def test_golden_stores_what_the_side_by_side_compares(tmp_path, monkeypatch, k3share):
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
     _record("tiny-k3-share", k3share, tmp_path)
-    stored, _ = g._decode(goldens.load(g.KIND, "tiny-k3-share", tmp_path)[0])
-    judged = sbs.judge(sbs.GPU_CASES["tiny-k3-share"], k3share, {})
+    stored, _ = g._decode(store.load(g.KIND, "tiny-k3-share", tmp_path)[0])
+    judged = sbs.judge(reg.spec("tiny-k3-share", kind="module"), k3share, {})
     assert judged.passed, judged.details["table"]
     compared = [r.name for r in judged.comparison.results]
     assert _by_step(stored) == _by_step(compared)
@@ -195,14 +195,14 @@ def test_long_steps_keep_capped_rows_and_the_goldens_fit(tmp_path, monkeypatch):
     goldens directory (reference + every production golden, recorded from fabricated traces) stays
     under 5 MB; a one-ulp change in a kept short-context row fails, the same trace passes."""
     monkeypatch.setattr(g, "platform", lambda: dict(PLATFORM))
-    traces = {cid: _fabricated(cid) for cid in g.GOLDEN_CASES}
+    traces = {cid: _fabricated(cid) for cid in reg.ids(role="golden", kind="module")}
     for cid, prod in traces.items():
         _record(cid, prod, tmp_path)
     prod_bytes = sum(p.stat().st_size for p in (tmp_path / g.KIND).iterdir())
-    ref_bytes = sum(p.stat().st_size for p in (goldens.ROOT / "reference").iterdir() if not goldens.is_obtained(p))
+    ref_bytes = sum(p.stat().st_size for p in (store.ROOT / "reference").iterdir() if not store.is_obtained(p))
     assert prod_bytes + ref_bytes < 5 * 2**20, (prod_bytes, ref_bytes)
     long = traces["tiny-k2-long"]
-    stored, rows = g._decode(goldens.load(g.KIND, "tiny-k2-long", tmp_path)[0])
+    stored, rows = g._decode(store.load(g.KIND, "tiny-k2-long", tmp_path)[0])
     kept = rows["step0"]
     assert "step1" not in rows and kept.numel() <= g.ROW_CAP
     pos = long["step0.positions"]
@@ -231,7 +231,7 @@ def test_a_golden_recorded_before_the_new_components_is_reported_not_crashed_on(
     old = ("eh_proj", "attn.kv_c", "indexer.topk", "attn.topk", "attn.core", "attn.out", "moe.router_logits",
            "moe.topk_ids", "moe.topk_weights", "mlp.out", "final_norm", "logits", "draft_token")
     legacy = {k: v.clone() for k, v in k3share.items() if k.split(".", 1)[1] in old}
-    goldens.write(g.KIND, "tiny-k3-share", legacy, {"case": "tiny-k3-share", "platform": g.platform(),
+    store.write(g.KIND, "tiny-k3-share", legacy, {"case": "tiny-k3-share", "platform": g.platform(),
                                                    "components": list(old)}, tmp_path)
     rep = _check("tiny-k3-share", k3share, tmp_path)
     assert rep.passed, rep.table()

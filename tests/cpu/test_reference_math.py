@@ -144,7 +144,8 @@ def test_absorbed_attention_equals_naive(seed, s, with_sink):
     cfg = _attn_cfg()
     g = torch.Generator().manual_seed(seed)
     nh = cfg.num_attention_heads
-    w_kvb = torch.randn(nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, generator=g, dtype=torch.float64)
+    w_kvb = torch.randn(nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank,
+                        generator=g, dtype=torch.float64)
     q = torch.randn(nh, cfg.qk_head_dim, generator=g, dtype=torch.float64)
     kv_c = torch.randn(s, cfg.kv_lora_rank, generator=g, dtype=torch.float64)
     k_pe = torch.randn(s, cfg.qk_rope_head_dim, generator=g, dtype=torch.float64)
@@ -158,7 +159,8 @@ def test_sink_of_minus_inf_changes_nothing():
     g = torch.Generator().manual_seed(0)
     lw = {"attn.kv_b_proj": torch.randn(2 * 14, 10, generator=g, dtype=torch.float64)}
     q = torch.randn(2, 12, generator=g, dtype=torch.float64)
-    kv_c, k_pe = torch.randn(5, 10, generator=g, dtype=torch.float64), torch.randn(5, 4, generator=g, dtype=torch.float64)
+    kv_c = torch.randn(5, 10, generator=g, dtype=torch.float64)
+    k_pe = torch.randn(5, 4, generator=g, dtype=torch.float64)
     ninf = torch.full((2,), float("-inf"), dtype=torch.float64)
     torch.testing.assert_close(attend(cfg, lw, q, kv_c, k_pe, ninf, EXACT), attend(cfg, lw, q, kv_c, k_pe, None, EXACT))
 
@@ -169,7 +171,8 @@ def test_sink_single_key_closed_form():
     g = torch.Generator().manual_seed(1)
     lw = {"attn.kv_b_proj": torch.randn(14, 10, generator=g, dtype=torch.float64)}
     q = torch.randn(1, 12, generator=g, dtype=torch.float64)
-    kv_c, k_pe = torch.randn(1, 10, generator=g, dtype=torch.float64), torch.randn(1, 4, generator=g, dtype=torch.float64)
+    kv_c = torch.randn(1, 10, generator=g, dtype=torch.float64)
+    k_pe = torch.randn(1, 4, generator=g, dtype=torch.float64)
     sink = torch.tensor([0.7], dtype=torch.float64)
     w = lw["attn.kv_b_proj"]
     logit = float((kv_c @ w[:8].T) @ q[0, :8] + k_pe @ q[0, 8:]) * cfg.softmax_scale

@@ -75,7 +75,8 @@ def test_dense_attention_applies_no_sink():
     with_sink, without = MTPConfig.from_hf_dict(hf), MTPConfig.from_hf_dict(dict(hf, learnable_sink=False))
     assert not with_sink.attention_sparse and with_sink.learnable_sink and not with_sink.sink_applied
     w = random_weights(with_sink, 5)
-    w = {k: (torch.full_like(v, 3.0) if k.endswith("attn.sink") else v) for k, v in w.items()}  # a sink that would matter
+    # a sink that would matter
+    w = {k: (torch.full_like(v, 3.0) if k.endswith("attn.sink") else v) for k, v in w.items()}
     first = make_case(with_sink, 5, requests=2, tokens=6)
     a = draft(with_sink, w, first, 2)
     b = draft(without, {k: v for k, v in w.items() if not k.endswith("attn.sink")}, first, 2)

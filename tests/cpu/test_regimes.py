@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import reference as R
+from harness import case_registry as reg
 from harness import regimes
+from harness.production.case_inputs import case_inputs
 from harness.production.module import side_by_side as sbs
-from harness.commands.compare import DEFAULT_BISECT_CASES
-from harness.production.verdict.fp8_emulation import as_production_trace
+from harness.production.judging.fp8_emulation import as_production_trace
 from reference import probes
 
 CLAMP_CASE = "tiny-k2-clamp-headwise"
@@ -21,7 +22,7 @@ CLAMP_CASE = "tiny-k2-clamp-headwise"
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    return {cid: regimes.measure(sbs.GPU_CASES[cid]) for cid in DEFAULT_BISECT_CASES}
+    return {cid: regimes.measure(reg.spec(cid, kind="module")) for cid in reg.ids(role="bisect", kind="module")}
 
 
 def test_default_bisect_cases_cover_every_regime(measured):
@@ -35,9 +36,9 @@ def test_a_case_set_missing_a_regime_fails(measured):
     the same case with the preset's swiglu_limit 10 clamps nothing."""
     without = {cid: v for cid, v in measured.items() if cid != CLAMP_CASE}
     assert {"routed_clamp_frac", "headwise_gate_rows"} <= set(regimes.uncovered(without))
-    bf16_only = {cid: v for cid, v in measured.items() if sbs.GPU_CASES[cid].quant == "bf16"}
+    bf16_only = {cid: v for cid, v in measured.items() if reg.spec(cid, kind="module").quant == "bf16"}
     assert regimes.uncovered(bf16_only) == ["weight_ue8m0_rounded_frac"]  # the FP8 case brings it alone
-    loose = dataclasses.replace(sbs.GPU_CASES[CLAMP_CASE], id="clamp-at-10",
+    loose = dataclasses.replace(reg.spec(CLAMP_CASE, kind="module"), id="clamp-at-10",
                                 overrides=(("swiglu_limit", 10.0), ("gating_type", "headwise")))
     values = regimes.measure(loose)
     assert values["routed_clamp_frac"] < 0.05
@@ -45,8 +46,8 @@ def test_a_case_set_missing_a_regime_fails(measured):
 
 
 def test_probes_leave_the_reference_bitwise_unchanged():
-    case = sbs.GPU_CASES["tiny-k3-share"]
-    hf, _, w = sbs.case_inputs(case)
+    case = reg.spec("tiny-k3-share", kind="module")
+    hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
     plain = R.flatten(R.draft(cfg, w, first, case.steps))
@@ -74,8 +75,8 @@ def test_clamp_fraction_is_the_share_of_clamped_elements():
 def test_clamp_off_fails_the_clamp_case_at_mlp_out():
     """A production stand-in without the routed clamp (the reference with swiglu_limit off, bf16
     numerics) fails the side by side of the clamp case, first at mlp.out; with the clamp it passes."""
-    case = sbs.GPU_CASES[CLAMP_CASE]
-    hf, _, w = sbs.case_inputs(case)
+    case = reg.spec(CLAMP_CASE, kind="module")
+    hf, _, w = case_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
 

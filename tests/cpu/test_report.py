@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.compare import compare_traces
-from harness.production.verdict.tolerances import GPU_VS_REFERENCE as VS_PRODUCTION
+from harness.trace_compare import compare_traces
+from harness.production.judging.tolerances import GPU_VS_REFERENCE as VS_PRODUCTION
 from harness.report import diff, plot, read_report, write_report
 
 

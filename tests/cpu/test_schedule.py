@@ -1,4 +1,5 @@
-"""harness.ci_speed.xdist_schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real scheduler)."""
+"""harness.ci_speed.xdist_schedule: the GPU tier's order under xdist worksteal (CPU; the installed xdist's real
+scheduler)."""
 
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def test_recording_from_bad_input_exits_2_in_one_line_and_writes_nothing(tmp_pat
 
     (tmp_path / "bad.xml").write_text("<testsuites><testcase")
     dest = tmp_path / "durations.json"
-    p = subprocess.run([sys.executable, "-m", "harness.ci_speed.xdist_schedule", str(tmp_path / junit), str(dest), "a run"],
+    p = subprocess.run([sys.executable, "-m", "harness", "ci", "schedule", str(tmp_path / junit), str(dest), "a run"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and junit in p.stderr
     assert not dest.exists()
@@ -152,7 +153,6 @@ def test_a_worker_learns_the_controllers_dist_mode_from_its_workerinput():
     ``setup_config``), so the reorder hook cannot read the mode there: the speed plugin's
     ``pytest_configure_node`` (run by the controller for each worker it starts) puts it in the
     worker's input. Without it a GPU run's timeline showed the tier in collection order."""
-    import importlib.util
     import types
 
     from xdist.remote import setup_config

@@ -18,7 +18,7 @@ import torch
 
 from harness.production.engine import spec_counts as SC
 from harness.production.engine.bookkeeping import TargetCall, check
-from harness.production.engine.replay import DraftCall
+from harness.production.engine.draft_replay import DraftCall
 
 # vllm_compat.missing() resolves every required internal in the installed vLLM, in process (~6 s of CPU
 # to import): tests/cpu/conftest.py runs this test in the worker that imports vLLM anyway, and in every
@@ -199,7 +199,7 @@ def test_metric_totals_are_a_difference_over_generate_summed_over_engines():
 
 
 def test_a_disagreement_is_reported_beside_the_engine_verdict():
-    from harness.production.engine.judge import acceptance_disagreements, verdict_problems
+    from harness.production.engine.generation_judge import acceptance_disagreements, verdict_problems
 
     rep = {"counts": {"compared": 1, "max_context": 200, "index_topk": 128, "num_speculative_tokens": 3,
                       "max_draft_steps": 3}, "load": {"landed": {"x": True}},
@@ -218,13 +218,14 @@ def test_a_disagreement_is_reported_beside_the_engine_verdict():
 @pytest.mark.parametrize("has_it", [True, False])
 def test_the_per_request_counters_are_asked_for_only_where_the_release_has_them(has_it, monkeypatch, tmp_path):
     from harness.production import vllm_compat
-    from harness.production.engine.cases import ENGINE_CASES
+    from harness import case_registry
+    engine_cases = case_registry.specs(kind="engine")
     from harness.production.engine.session import engine_kwargs
 
     real = vllm_compat.available
     monkeypatch.setattr(vllm_compat, "available",
                         lambda name: has_it if name == "metrics.per_request_spec_decode" else real(name))
-    kw = engine_kwargs(str(tmp_path), ENGINE_CASES["engine-accept-k3-share"])
+    kw = engine_kwargs(str(tmp_path), engine_cases["engine-accept-k3-share"])
     assert kw["disable_log_stats"] is False
     assert kw.get("per_request_spec_decode_metrics") == ("detailed" if has_it else None)
 

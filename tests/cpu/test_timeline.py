@@ -42,7 +42,8 @@ def test_a_recorded_run_summarizes_per_process(tmp_path, monkeypatch):
     s = timeline.summarize(str(tmp_path))
     gw0, gw1, main = (s["processes"][k] for k in ("gw0", "gw1", "main"))
     assert (gw0["process_s"], gw0["configured_s"], gw0["collected_s"], gw0["first_test_s"]) == (2.0, 7.0, 15.0, 16.0)
-    assert (gw0["tests"], gw0["busy_s"], gw0["idle_s"], gw0["last_finish_s"], gw0["last_test"]) == (2, 13.0, 2.0, 31.0, "b")
+    assert ((gw0["tests"], gw0["busy_s"], gw0["idle_s"], gw0["last_finish_s"], gw0["last_test"])
+            == (2, 13.0, 2.0, 31.0, "b"))
     assert (gw1["tests"], gw1["busy_s"], gw1["idle_s"], gw1["last_finish_s"]) == (1, 28.0, 0.0, 45.0)
     assert main["tests"] == 0 and main["process_s"] == 0.0 and main["end_s"] == 46.0
     assert s["critical"] == "gw1"
@@ -70,7 +71,7 @@ def test_process_start_is_before_now():
 
 
 def test_the_command_prints_a_summary_and_exits_2_on_a_directory_without_records(tmp_path, capsys):
-    """``python -m harness.ci_speed.pytest_timeline DIR``; the speed plugin's recording in real pytest and xdist
+    """``python -m harness ci timeline DIR``; the speed plugin's recording in real pytest and xdist
     processes: ``test_xdist_default.test_workers_and_no_xdist_end_to_end``."""
     (tmp_path / "tl").mkdir()
     (tmp_path / "tl" / "main.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from harness.production.module import side_by_side as sbs
-from harness.production.verdict.fp8_emulation import emulate
+from harness import case_registry as reg
+from harness.production.judging.fp8_emulation import emulate
 from harness.verdict import Verdict
 
 # the module judge's report keys, in order, as side_by_side.json / rejudge.json hold them
@@ -20,7 +20,7 @@ REPORT_KEYS = ["case", "quant", "passed", "first_divergent", "table", "rows", "a
 @pytest.fixture(scope="module")
 def fp8_verdict() -> Verdict:
     """The module judge's verdict on an FP8 case (its FP8 emulation, CPU), made once for this file."""
-    return emulate(sbs.GPU_CASES[sbs.FP8_CASE_IDS[0]], "deepgemm-e8m0")
+    return emulate(reg.specs(kind="module", without="probe")[reg.ids(role="fp8", kind="module")[0]], "deepgemm-e8m0")
 
 
 def test_the_module_judge_returns_a_verdict_whose_report_keeps_its_keys(fp8_verdict):

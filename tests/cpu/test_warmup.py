@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from harness import case_registry
 from harness.ci_speed import jit_cache, startup_gc
 from harness.cli import main
 from harness.production import can_run
@@ -168,9 +169,9 @@ def test_bytecode_lands_under_the_root_in_the_process_and_its_children(tmp_path)
 
 @pytest.mark.parametrize("module, argv", [
     ("harness", ["main"]),
-    ("harness.production.engine", ["--rejudge", "{tmp}"]),  # its arguments are checked without torch: a run
-    ("harness.production.side_by_side", ["main"]),
-    ("harness.production.goldens_gpu", ["main"]),
+    ("harness", ["engine", "--rejudge", "{tmp}"]),  # its arguments are checked without torch: a run
+    ("harness", ["side-by-side"]),
+    ("harness", ["goldens", "list"]),
 ])
 def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, argv):
     """Every documented entry point applies $HYV4_JIT_CACHE before torch is first imported: a
@@ -188,7 +189,8 @@ def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, 
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'torch':\n"
             "            pre = os.path.join(sys.pycache_prefix or '', jit_cache.PRECOMPILED)\n"
-            "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, os.path.exists(pre), flush=True)\n"
+            "            print('PREFIX', sys.pycache_prefix, sys.dont_write_bytecode, os.path.exists(pre),"
+            " flush=True)\n"
             "            os._exit(0)\n"
             "sys.meta_path.insert(0, Stop())\n"
             f"sys.argv = [{module!r}, *{argv!r}]\n"
@@ -199,8 +201,9 @@ def test_entry_points_cache_bytecode_before_torch_is_imported(tmp_path, module, 
     for var in jit_cache.JIT_CACHE_LAYOUT:
         env.pop(var, None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    precompiled = module == "harness"  # the python -m harness.production.* shims leave it to their callers
-    assert f"PREFIX {root / 'pycache'} False {precompiled}" in out.stdout, (module, out.stdout[-500:], out.stderr[-1500:])
+    precompiled = argv == ["main"]  # the commands with their own parser (engine, ...) leave it to their callers
+    assert f"PREFIX {root / 'pycache'} False {precompiled}" in out.stdout, \
+        (module, out.stdout[-500:], out.stderr[-1500:])
 
 
 def test_precompile_fills_a_cold_bytecode_layer_once(tmp_path, monkeypatch):
@@ -284,14 +287,14 @@ def test_engine_arguments_are_vllms_and_the_kv_size_is_fixed_on_request(gib, mon
 
     from vllm.engine.arg_utils import EngineArgs
 
-    from harness.production.engine.cases import ENGINE_CASES
+    engine_cases = case_registry.specs(kind="engine")
     from harness.production.engine.session import ENGINE_KV_GIB_ENV, engine_kwargs
 
     if gib is None:
         monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
     else:
         monkeypatch.setenv(ENGINE_KV_GIB_ENV, gib)
-    kw = engine_kwargs(str(tmp_path), next(iter(ENGINE_CASES.values())))
+    kw = engine_kwargs(str(tmp_path), next(iter(engine_cases.values())))
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     assert set(kw) <= fields, sorted(set(kw) - fields)
     if gib is None:
@@ -309,10 +312,10 @@ def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
     torch/CUDA/vLLM/GPU and the same case definition; anything else runs again."""
     import dataclasses
 
-    from harness.production.cases import GPU_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.ci_speed.warmup import STAMP, cold_steps, fingerprint, read_stamp, write_stamp
 
-    a, b = GPU_CASES["tiny-k1"], GPU_CASES["tiny-k3-share"]
+    a, b = gpu_cases["tiny-k1"], gpu_cases["tiny-k3-share"]
     wanted = {"tiny-k1": fingerprint(a), "tiny-k3-share": fingerprint(b)}
     h200 = {"torch": "2.11.0+cu130", "vllm": "0.33.0", "cuda": "13.0", "gpu": "NVIDIA H200"}
     assert read_stamp(str(tmp_path)) == {}
@@ -335,13 +338,13 @@ def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
     """``--lanes``: the first bf16 case alone, then FP8 checkpoints, the engine, real dims and
     the other bf16 cases (their cold costs in that order) spread over the lanes; every wanted
     step lands in exactly one place."""
-    from harness.production.cases import GPU_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE, plan_lanes
 
-    cases = list(GPU_CASES)
+    cases = list(gpu_cases)
     lead, lanes = plan_lanes(cases, DEFAULT_ENGINE_CASE, 4)
     assert lead == "tiny-k1" and len(lanes) == 4
-    fp8 = [c for c in cases if GPU_CASES[c].quant != "bf16"]
+    fp8 = [c for c in cases if gpu_cases[c].quant != "bf16"]
     assert lanes[0] == {"cases": fp8, "engines": []} and lanes[1] == {"cases": [], "engines": [DEFAULT_ENGINE_CASE]}
     assert lanes[2]["cases"] == ["real-dims-k2"]
     placed = [c for lane in lanes for c in lane["cases"]]
@@ -355,25 +358,25 @@ def test_lanes_put_the_lead_first_and_each_kernel_family_in_its_own_process():
 
 def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     """A graph case's capture, torch.compile and draft-decode kernels are built by no eager engine:
-    the default warmup builds the eager engine case, every bisect-check engine case and every graph-mode engine case, each its
-    own family (its own lane when lanes allow), so no tier, bisect or mutant run compiles after it."""
+    the default warmup builds the eager engine case, every bisect-check engine case and every graph-mode engine case,
+    each its own family (its own lane when lanes allow), so no tier, bisect or mutant run compiles after it."""
     import argparse
 
     from harness.ci_speed.warmup import DEFAULT_ENGINE_CASE, _lane_command, engines_of, plan_lanes
-    from harness.production.engine.cases import ENGINE_CASES
+    engine_cases = case_registry.specs(kind="engine")
 
     args = argparse.Namespace(engine=None, no_engine=False)
     engines = engines_of(args)
-    graphs = [c for c, spec in ENGINE_CASES.items() if spec.graphs and spec.reload_seed is None]
+    graphs = [c for c, spec in engine_cases.items() if spec.graphs and spec.reload_seed is None]
     assert engines[0] == DEFAULT_ENGINE_CASE and set(graphs) <= set(engines) and len(graphs) >= 3
     # every engine case bisect-check runs (with --graphs too): the two-MTP-layer bisect case runs
     # vLLM's multi-module speculator, whose Triton input kernels no one-layer case builds
-    from harness.commands.compare import DEFAULT_BISECT_ENGINE_CASES, GRAPH_BISECT_ENGINE_CASES
-    assert {*DEFAULT_BISECT_ENGINE_CASES, *GRAPH_BISECT_ENGINE_CASES} <= set(engines)
-    assert any(ENGINE_CASES[e].overrides and dict(ENGINE_CASES[e].overrides).get("num_nextn_predict_layers") == 2
+    bisect = {*case_registry.ids(role="bisect", kind="engine"), *case_registry.ids(role="graph-bisect", kind="engine")}
+    assert bisect <= set(engines)
+    assert any(engine_cases[e].overrides and dict(engine_cases[e].overrides).get("num_nextn_predict_layers") == 2
                for e in engines)
     # a reload case runs through the engine's reload path (run_case refuses it): never a warmup step
-    assert not any(ENGINE_CASES[e].reload_seed is not None for e in engines)
+    assert not any(engine_cases[e].reload_seed is not None for e in engines)
     _, lanes = plan_lanes(["tiny-k1", "tiny-k3-share"], engines, 8)
     assert sorted(e for lane in lanes for e in lane["engines"]) == sorted(engines)
     assert all(len(lane["engines"]) <= 1 for lane in lanes)
@@ -408,7 +411,8 @@ def failed_lanes_beside_a_slow_prefetch():
     from harness.ci_speed import warmup
     from harness.exitcodes import CannotJudge
 
-    lanes = [{"cases": [], "engines": [warmup.DEFAULT_ENGINE_CASE]}, {"cases": ["tiny-k2-fp8-split-long"], "engines": []}]
+    lanes = [{"cases": [], "engines": [warmup.DEFAULT_ENGINE_CASE]},
+             {"cases": ["tiny-k2-fp8-split-long"], "engines": []}]
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(warmup.PREFETCH, "slow", (lambda cases, engine: True, "import time; time.sleep(120)"))
         t0 = time.perf_counter()
@@ -432,15 +436,15 @@ def test_lanes_are_real_warmup_processes_and_a_failed_one_is_named(failed_lanes_
 
 
 def test_prefetch_is_planned_only_for_the_cases_that_need_it():
-    from harness.production.cases import GPU_CASES
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.ci_speed.warmup import PREFETCH, plan_prefetch
 
-    fp8 = [c for c in GPU_CASES if GPU_CASES[c].quant != "bf16"]
+    fp8 = [c for c in gpu_cases if gpu_cases[c].quant != "bf16"]
     assert fp8 and plan_prefetch(fp8) == ["flashinfer-fp8-blockscale-gemm-sm90"]
     assert plan_prefetch(["tiny-k1", "tiny-k3-share"]) == [] and plan_prefetch([]) == []
     assert plan_prefetch([], engine=True) == ["flashinfer-sampling"]
     assert plan_prefetch(["tiny-k2-yarn"]) == ["flashinfer-rope"]
-    assert plan_prefetch(list(GPU_CASES), engine=True) == list(PREFETCH)
+    assert plan_prefetch(list(gpu_cases), engine=True) == list(PREFETCH)
 
 
 def test_a_prefetch_runs_beside_the_lanes_and_never_fails_the_warmup(monkeypatch):
@@ -584,7 +588,7 @@ def test_an_engine_lane_beside_other_lanes_gets_a_fixed_kv_size_and_lanes_split_
 
     from harness.ci_speed import warmup
     from harness.production.can_run import THREAD_VARS
-    from harness.production.engine.cases import ENGINE_KV_GIB_ENV, SHARED_GPU_KV_GIB
+    from harness.production.engine.engine_env import ENGINE_KV_GIB_ENV, SHARED_GPU_KV_GIB
 
     monkeypatch.delenv(ENGINE_KV_GIB_ENV, raising=False)
     for var in THREAD_VARS:

@@ -97,10 +97,10 @@ def test_a_visible_gpu_keeps_the_run_serial(monkeypatch):
 
 
 def test_workers_and_no_xdist_end_to_end(tmp_path):
-    """A real pytest on two tiny files with the project's conftest: workers, and `-p no:xdist` still runs serially (`-n 0`: the unit tests above;
-    each run here costs ~3 s of CPU per process, so only these two). The same runs check, with real xdist
-    processes, that each worker learns the controller's dist mode (``pytest_configure_node``: xdist says
-    "no" on the worker itself) and that ``$HYV4_TIMELINE`` records each process (``pytest_timeline``):
+    """A real pytest on two tiny files with the project's conftest: workers, and `-p no:xdist` still runs serially
+    (`-n 0`: the unit tests above; each run here costs ~3 s of CPU per process, so only these two). The same runs
+    check, with real xdist processes, that each worker learns the controller's dist mode (``pytest_configure_node``:
+    xdist says "no" on the worker itself) and that ``$HYV4_TIMELINE`` records each process (``pytest_timeline``):
     the tests in the processes that ran them, none in the xdist controller."""
     from harness.ci_speed import pytest_timeline as timeline
 
@@ -109,14 +109,16 @@ def test_workers_and_no_xdist_end_to_end(tmp_path):
         (tmp_path / f"test_t{i}.py").write_text(
             "import os\n\ndef test_w(request):\n"
             "    print('worker', os.environ.get('PYTEST_XDIST_WORKER', 'none'))\n"
-            "    print('dist', getattr(request.config, 'workerinput', {}).get('hyv4_dist'), getattr(request.config.option, 'dist', None))\n")
+            "    print('dist', getattr(request.config, 'workerinput', {}).get('hyv4_dist'),"
+            " getattr(request.config.option, 'dist', None))\n")
     # not this run's own xdist worker variables (PYTEST_XDIST_WORKER=gw0 when the suite runs on workers)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env.update(PYTHONPATH=str(ROOT), HYV4_PYTEST_WORKERS="2", CI="true")
 
     def pytest_(tl, *args):
         r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args, str(tmp_path)],
-                           cwd=tmp_path, env={**env, timeline.ENV: str(tl)}, capture_output=True, text=True, timeout=300)
+                           cwd=tmp_path, env={**env, timeline.ENV: str(tl)}, capture_output=True, text=True,
+                           timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         return r.stdout, timeline.summarize(str(tl))["processes"]
 
@@ -223,13 +225,15 @@ def test_a_gpu_hosts_workers_end_without_teardown_and_their_results_stand(tmp_pa
         "from harness.ci_speed import pytest_plugin\n"
         "pytest_plugin.gpu_device_nodes = lambda: ['/dev/nvidia0']\n"
         "pytest_plugins = ['harness.ci_speed.pytest_plugin']\n"
-        f"atexit.register(lambda: open({str(marker)!r}, 'a').write(os.environ.get('PYTEST_XDIST_WORKER', 'controller') + '\\n'))\n")
+        f"atexit.register(lambda: open({str(marker)!r}, 'a')"
+        ".write(os.environ.get('PYTEST_XDIST_WORKER', 'controller') + '\\n'))\n")
     (tmp_path / "test_t.py").write_text("import pytest\n\n@pytest.mark.parametrize('i', range(2))\ndef test_w(i):\n"
                                         "    assert i != 1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", CI="true")
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "fakegpu", "-p", "no:cacheprovider", "-n", "1",
-                        str(tmp_path / "test_t.py")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                        str(tmp_path / "test_t.py")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "1 failed, 1 passed" in r.stdout, r.stdout + r.stderr
     assert "crashed" not in r.stdout and "Not properly terminated" not in r.stdout + r.stderr, r.stdout
     assert marker.read_text().split() == ["controller"]

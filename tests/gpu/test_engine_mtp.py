@@ -2,7 +2,7 @@
 
     python -m pytest -m gpu tests/gpu/test_engine_mtp.py -s        # -s: the engine's diagnostics live
 
-Each case runs ``python -m harness.production.engine --case ID`` in its own
+Each case runs ``python -m harness engine --case ID`` in its own
 process (one in-process engine per process: vLLM's distributed state and the
 GPU memory it reserves are per process, and the module-level GPU tests of this
 session share theirs): a tiny synthetic HY V4 target (dummy weights) + the
@@ -21,8 +21,8 @@ import sys
 
 import pytest
 
-from harness.production.engine.cases import ENGINE_CASES
-from harness.production.engine.judge import rejudge, upstream_gap, verdict_problems
+from harness import case_registry
+from harness.production.engine.generation_judge import rejudge, upstream_gap, verdict_problems
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_subprocess]  # the engine checks the host itself
 
@@ -33,10 +33,10 @@ MIN_COMPARED = 20
 TIMEOUT_S = 900
 
 
-@pytest.mark.parametrize("case_id", list(ENGINE_CASES))
+@pytest.mark.parametrize("case_id", list(case_registry.ids(kind="engine")))
 def test_engine_draft_tokens_match_reference(case_id, tmp_path, production_gate):
     out = os.environ.get("HYV4_REPORT_DIR") or str(tmp_path)
-    cmd = [sys.executable, "-m", "harness.production.engine", "--case", case_id, "--out", out]
+    cmd = [sys.executable, "-m", "harness", "engine", "--case", case_id, "--out", out]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     print(proc.stdout[-30000:])
     print(proc.stderr[-15000:], file=sys.stderr)

@@ -23,18 +23,16 @@ from hypothesis import strategies as st
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
-TP_CASES = ("tiny-k3-share", "tiny-k2-long", "tiny-k2-fused-layers", "tiny-k2-nosink",
-            "tiny-k2-dense-mlp", "tiny-k2-headwise", "tiny-k3-batch8", "tp2-k2-fp8-split-long")
+# TP = 2 on this host's two GPUs: the registry's cases of role "tp" that run on one GPU or are
+# written for TP = 2 (``gpus`` 2), in the role's order
+TP = 2
 
 
-def _case(case_id: str):
-    from harness.production.cases import GPU_CASES, GpuCase
-    if case_id == "tp2-k2-fp8-split-long":
-        # FP8 at TP=2 needs 128-divisible per-rank shards: the tiny preset's routed
-        # intermediate (128) splits to 64 (vLLM refuses), so this case doubles it
-        return GpuCase(case_id, overrides=(("moe_intermediate_size", 256),), requests=2, tokens=160,
-                       steps=2, seed=18, quant="fp8")
-    return GPU_CASES[case_id]
+def _tp_cases() -> dict:
+    from harness import case_registry
+
+    return {r.id: r.spec for r in case_registry.records(role="tp", max_gpus=TP) if r.gpus in (1, TP)}
+
 
 _OUT = os.environ.get("HYV4_GPU_OUT") or os.environ.get("OUT")
 
@@ -42,7 +40,7 @@ _OUT = os.environ.get("HYV4_GPU_OUT") or os.environ.get("OUT")
 @pytest.fixture(scope="module")
 def tp2():
     from harness.production.tp.multigpu import TPWorkers
-    with TPWorkers(2) as w:
+    with TPWorkers(TP) as w:
         yield w
 
 
@@ -57,7 +55,7 @@ def _record(res: dict) -> None:
 
 def _check(res: dict, case) -> None:
     import reference as R
-    from harness.production.cases import case_inputs
+    from harness.production.case_inputs import case_inputs
     from harness.production.module.side_by_side import format_rows
 
     _record(res)
@@ -83,21 +81,21 @@ def _check(res: dict, case) -> None:
     assert vs.passed, f"TP=2 vs TP=1: first divergent {vs.first_divergent.name}\n{vs.table()}"
 
 
-@pytest.mark.parametrize("case_id", TP_CASES)
+@pytest.mark.parametrize("case_id", list(_tp_cases()))
 def test_tp2_matches_tp1_and_reference(tp2, case_id):
     from harness.production.tp.multigpu import run_case_tp
 
-    case = _case(case_id)
+    case = _tp_cases()[case_id]
     _check(run_case_tp(tp2, case), case)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))  # examples: the `gpu` profile (conftest.py)
 @given(seed=st.integers(0, 2**16), requests=st.integers(1, 3), tokens=st.sampled_from([8, 40, 160, 300]),
        steps=st.integers(1, 3), share=st.booleans(), experts=st.sampled_from(["split", "fused"]))
 def test_property_tp2_equals_tp1(tp2, seed, requests, tokens, steps, share, experts):
     """Random ragged batches, contexts below and above index_topk, sharing on/off."""
     from harness.production.tp.multigpu import run_case_tp
-    from harness.production.cases import GpuCase
+    from harness.case_specs import GpuCase
 
     case = GpuCase(f"prop-tp2-s{seed}-r{requests}-t{tokens}-k{steps}-{'share' if share else 'own'}-{experts}",
                    overrides=(("index_share_for_mtp_iteration", share),), seed=seed, requests=requests,

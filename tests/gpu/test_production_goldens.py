@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from harness import goldens
-from harness.production.goldens.goldens_gpu import GOLDEN_CASES, PRODUCTION, absent_reason, not_judged_line
-from harness.production.goldens.platform_key import describe_vllm
-from harness.production.cases import GPU_CASES
+from harness import case_registry
+from harness.goldens import store
+from harness.goldens.platform_key import describe_vllm
+from harness.goldens.production import PRODUCTION, absent_reason, not_judged_line
 from harness.production.module.side_by_side import run_case
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("case_id", GOLDEN_CASES)
+@pytest.mark.parametrize("case_id", case_registry.ids(role="golden", kind="module"))
 def test_production_matches_its_golden(case_id, update_goldens, require_goldens):
     why = None if update_goldens else absent_reason(case_id)
     if why is not None:
@@ -24,8 +24,8 @@ def test_production_matches_its_golden(case_id, update_goldens, require_goldens)
         if require_goldens:
             pytest.fail(line)
         pytest.skip(line)
-    result = run_case(GPU_CASES[case_id])
-    checked = goldens.check(PRODUCTION, case_id, result.trace, regen=update_goldens)
+    result = run_case(case_registry.spec(case_id, kind="module"))
+    checked = store.check(PRODUCTION, case_id, result.trace, regen=update_goldens)
     if checked.regenerated:
         pytest.fail(f"production {checked.message}")
     report = checked.report

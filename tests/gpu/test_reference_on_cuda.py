@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.cases import get_case
+from harness import case_registry
 from reference import EXACT, draft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda_only]  # torch + CUDA only: runs on a GPU host without vLLM
 
 
 def test_reference_cuda_equals_cpu():
-    case = get_case("tiny-moe-sink-elementwise")
+    case = case_registry.spec("tiny-moe-sink-elementwise", kind="reference")
     cfg, w, first = case.config(), case.weights(), case.first_step()
     cpu = draft(cfg, w, first, case.steps, EXACT)
     gpu = draft(cfg, {k: v.cuda() for k, v in w.items()}, first.to("cuda"), case.steps, EXACT)
@@ -27,14 +27,14 @@ def test_reference_cuda_equals_cpu():
 
 @pytest.mark.parametrize("case_id", ["tiny-moe-sink-elementwise", "tiny-share-indexer"])
 def test_side_by_side_replay_on_cuda_equals_cpu(case_id):
-    """The side by side's replay (harness.production.verdict.replay, on the GPU by default where one is
+    """The side by side's replay (harness.production.judging.teacher_forcing, on the GPU by default where one is
     present) gives the CPU replay's trace to float64 rounding, on a trace laid out as
     production's (inputs, hidden states and top-k rows of a reference run)."""
     from reference import flatten
 
-    from harness.production.verdict.replay import replay
+    from harness.production.judging.teacher_forcing import replay
 
-    case = get_case(case_id)
+    case = case_registry.spec(case_id, kind="reference")
     cfg, w, first = case.config(), case.weights(), case.first_step()
     prod = flatten(draft(cfg, w, first, case.steps, EXACT))
     cpu = replay(cfg, w, prod, first, case.steps, EXACT, device="cpu")

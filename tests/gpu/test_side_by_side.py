@@ -8,7 +8,7 @@ through ``HYV4MTP.load_weights`` (bf16 checkpoint, fp32 router/bias/sink/k_norm;
 the FP8 cases, ``-k fp8``, load a block-FP8 checkpoint as stored: e4m3 weights,
 float32 or UE8M0 scales, split / fused experts, expert ``.scale`` names),
 runs K proposer steps and compares every hooked component with the float64
-reference under ``harness.production.verdict.tolerances`` (one explicit atol/rtol per
+reference under ``harness.production.judging.tolerances`` (one explicit atol/rtol per
 component, each with the rounding it absorbs).
 """
 
@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from harness.production.cases import GPU_CASES, PROBE_CASES
+from harness import case_registry
 from harness.production.module.side_by_side import format_rows, run_case
 
 pytestmark = pytest.mark.gpu
@@ -36,12 +36,12 @@ def _record(result: dict) -> None:
         f.write(json.dumps({k: v for k, v in result.to_report().items() if not k.startswith("_")}, default=str) + "\n")
 
 
-@pytest.mark.parametrize("case_id", list(GPU_CASES))
+@pytest.mark.parametrize("case_id", list(case_registry.ids(kind="module", without="probe")))
 def test_production_matches_reference(case_id):
     from harness.production.module.audit import LoadAuditError, unexplained_by_gaps
     from harness.production.module.side_by_side import upstream_gap_of
 
-    case = GPU_CASES[case_id]
+    case = case_registry.spec(case_id, kind="module")
     try:
         result = run_case(case)
     except LoadAuditError as exc:
@@ -55,7 +55,7 @@ def test_production_matches_reference(case_id):
         return
     _record(result)
     print(format_rows(result))
-    known = GPU_CASES[case_id].known_audit
+    known = case_registry.spec(case_id, kind="module").known_audit
     unexpected = [p for p in result.details["audit"] if not any(k in p for k in known)]
     assert not unexpected, unexpected
     if case.reload_seed is not None:  # every parameter equals a fresh load of set B; both runs judged
@@ -79,7 +79,7 @@ def test_post_load_audit_names_a_missing_parameter():
     from harness.production.module.audit import LoadAuditError
     from harness.production.module.runner import ProductionSession
 
-    case = GPU_CASES["tiny-k1"]
+    case = case_registry.spec("tiny-k1", kind="module")
     hf = case.hf_config()
     cfg = R.MTPConfig.from_hf_dict(hf)
     ckpt = to_checkpoint(cfg, R.random_weights(cfg, 0))
@@ -93,7 +93,7 @@ def test_index_topk_must_be_a_multiple_of_128():
     """vLLM 0.33's FlashMLA sparse path converts top-k rows in blocks of 128
     (triton_convert_req_index_to_global_index): index_topk 4 is refused."""
     with pytest.raises(AssertionError, match="divisible by"):
-        run_case(PROBE_CASES["probe-topk4"])
+        run_case(case_registry.spec("probe-topk4", kind="module"))
 
 
 def test_layers_naming_with_two_mtp_layers_leaves_layer_1_unloaded():
@@ -102,7 +102,7 @@ def test_layers_naming_with_two_mtp_layers_leaves_layer_1_unloaded():
     audit must name them (vLLM itself only logs a warning)."""
     from harness.production.module.audit import LoadAuditError
     with pytest.raises(LoadAuditError, match=r"model\.layers\.3\.mtp_block"):
-        run_case(PROBE_CASES["probe-two-mtp-layers-naming"])
+        run_case(case_registry.spec("probe-two-mtp-layers-naming", kind="module"))
 
 
 def test_reload_leaving_the_sink_stale_is_named():
@@ -111,7 +111,8 @@ def test_reload_leaving_the_sink_stale_is_named():
     reload, naming the sink parameter first."""
     from harness.production.module.reload import run_reload_case
 
-    result = run_reload_case(GPU_CASES["tiny-k2-reload"], plant_withheld=("learnable_sink_param",))
+    result = run_reload_case(case_registry.spec("tiny-k2-reload", kind="module"),
+                             plant_withheld=("learnable_sink_param",))
     print(result.first_divergent)
     assert not result.passed
     assert result.first_divergent.startswith("reload: ") and "learnable_sink_param" in result.first_divergent

@@ -13,14 +13,14 @@ from __future__ import annotations
 import pytest
 
 import reference as R
-from harness.production.verdict.fp8_emulation import as_production_trace as _as_production
-from harness.production.cases import GPU_CASES
-from harness.production.verdict.judge import judge
+from harness.production.judging.fp8_emulation import as_production_trace as _as_production
+from harness import case_registry
+from harness.production.judging.trace_judge import judge
 
 
 @pytest.mark.parametrize("case_id", ["tiny-k3-ragged", "tiny-k3-share", "tiny-k2-nosink"])
 def test_judge_accepts_bf16_reference(case_id):
-    case = GPU_CASES[case_id]
+    case = case_registry.spec(case_id, kind="module")
     cfg = R.MTPConfig.from_hf_dict(case.hf_config())
     w = R.random_weights(cfg, case.seed)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)
@@ -30,7 +30,7 @@ def test_judge_accepts_bf16_reference(case_id):
 
 
 def test_judge_rejects_a_dropped_sink():
-    case = GPU_CASES["tiny-k1"]
+    case = case_registry.spec("tiny-k1", kind="module")
     cfg = R.MTPConfig.from_hf_dict(case.hf_config())
     w = R.random_weights(cfg, case.seed)
     first = R.make_case(cfg, case.seed, case.requests, case.tokens)

@@ -1,6 +1,6 @@
 """GPU tier: planted bugs in vLLM's MTP speculator fail the engine verdict, named first.
 
-Per engine case, one process builds the engine once (``python -m harness.production.engine
+Per engine case, one process builds the engine once (``python -m harness engine
 --case C --sweep``): a pristine generation, then per mutant of
 ``harness.production.engine.speculator_mutants`` a planted generation (patched in this
 process, restored after) and a pristine one again. Each planted run must fail with a first
@@ -30,10 +30,10 @@ CASES = sorted({m.case for m in MUTANTS.values() if not m.at_build})
 
 @pytest.fixture
 def engine(tmp_path, production_gate):
-    """``engine(args)``: ``python -m harness.production.engine ARGS --out tmp_path``, gated (a host
+    """``engine(args)``: ``python -m harness engine ARGS --out tmp_path``, gated (a host
     that cannot run production: a skip)."""
     def run(args: list[str]) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "harness.production.engine", *args, "--out", str(tmp_path)]
+        cmd = [sys.executable, "-m", "harness", "engine", *args, "--out", str(tmp_path)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         print(proc.stdout[-6000:])
         production_gate(proc.returncode)

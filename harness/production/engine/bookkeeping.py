@@ -2,7 +2,7 @@
 
 ``harness.production.engine`` records every target forward (``TargetCall``: ids,
 positions, the hidden states it hands the drafter, the greedy token at every row it
-computed logits for) and every draft forward (``engine_replay.DraftCall``). The replay
+computed logits for) and every draft forward (``draft_replay.DraftCall``). The replay
 runs the reference on the draft forwards' *recorded* inputs; this module checks that
 those inputs are the ones vLLM's speculator should have built, derived here
 independently of vLLM's proposer code, so a regression in the speculator (which rows
@@ -195,8 +195,9 @@ def check(calls, targets: list[TargetCall], *, multi_module: bool, num_layers: i
                                                                              tc.positions[a: last + 1].long())))
             if not torch.equal(d0.hidden[a: last + 1], tc.hidden[a: last + 1].to(d0.hidden.dtype)):
                 findings.append(Finding(s, 0, name, "hidden",
-                                        f"not the target's hidden states of the accepted rows: "
-                                        f"{_first_diff(d0.hidden[a: last + 1], tc.hidden[a: last + 1].to(d0.hidden.dtype))}"))
+                                        "not the target's hidden states of the accepted rows: "
+                                        + _first_diff(d0.hidden[a: last + 1],
+                                                      tc.hidden[a: last + 1].to(d0.hidden.dtype))))
         _check_decode_steps(s, steps, lasts, names, multi_module, max_model_len, findings)
     outs = {f"request {i}": int(n) for i, n in enumerate(output_lens or [])}
     acceptance = {n: summarize(v, outs.get(n)) for n, v in acc.items()}
@@ -245,7 +246,8 @@ def _check_decode_steps(s, steps, lasts, names, multi_module, max_model_len, fin
                 pos[r] = want
                 if prev.sample_hidden is not None and prev.sample_hidden.shape[0] > r:
                     if not torch.equal(c.hidden[r], prev.sample_hidden[r].to(c.hidden.dtype)):
+                        d = float((c.hidden[r].double() - prev.sample_hidden[r].double()).abs().max())
                         findings.append(Finding(s, k, names[r], "hidden",
                                                 f"not the hidden row draft step {k - 1} sampled for this request "
-                                                f"(max |d| {float((c.hidden[r].double() - prev.sample_hidden[r].double()).abs().max()):.4g})"))
+                                                f"(max |d| {d:.4g})"))
         prev = c

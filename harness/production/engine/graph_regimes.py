@@ -59,6 +59,9 @@ GRAPH_REGIMES: dict[str, str] = {
 # paths where a graph replays state frozen at capture (stale metadata, stale buffers, padded rows).
 REQUIRED: tuple[str, ...] = ("decode_full_graph", "draft_steps_ge2", "indexer_at_step_ge2", "index_sharing",
                              "decode_metadata_per_step", "padded_rows", "batch_shrink", "prefill_full_graph")
+if not set(REQUIRED) <= set(GRAPH_REGIMES):  # a required regime is a declared one (checked at import)
+    raise ValueError(f"graph_regimes.REQUIRED names {sorted(set(REQUIRED) - set(GRAPH_REGIMES))}, not in "
+                     "GRAPH_REGIMES; declare them there (with what they mean) or drop them")
 
 
 def _has(mode, what: str) -> bool:

@@ -34,7 +34,7 @@ speculator's graph dispatch, the target still in graphs) under the full per-comp
 that run says whether graph replay differs from eager (a capture bug) or both differ from the
 reference (a numeric bug), and names the first divergent component.
 
-May import: ``harness.production.engine.replay`` / ``bookkeeping``, ``harness.production.vllm_compat``
+May import: ``harness.production.engine.draft_replay`` / ``bookkeeping``, ``harness.production.vllm_compat``
 (and vLLM lazily).
 """
 
@@ -47,7 +47,7 @@ import sys
 import torch
 
 from harness.production.engine.bookkeeping import TargetCall
-from harness.production.engine.replay import DraftCall
+from harness.production.engine.draft_replay import DraftCall
 from harness.production.engine.tap_guard import Guarded
 
 
@@ -232,7 +232,8 @@ class GraphTap(Guarded):
             engine_step=len(self.steps), num_reqs=r, num_tokens=t,
             query_start_loc=_cpu(ib.query_start_loc, r + 1).long(), request_keys=_cpu(idx).long(),
             seq_lens=_cpu(getattr(ib, "seq_lens", None), r),
-            target_ids=_cpu(getattr(ib, "input_ids", None), t), target_positions=_cpu(getattr(ib, "positions", None), t),
+            target_ids=_cpu(getattr(ib, "input_ids", None), t),
+            target_positions=_cpu(getattr(ib, "positions", None), t),
             target_hidden=_cpu(_arg(args, kwargs, "last_hidden_states", 3), t),
             num_sampled=_cpu(sampled, r), last_sampled=_cpu(last[idx] if torch.is_tensor(last) else None),
             num_speculative_tokens=None if nspec is None else int(nspec))
@@ -249,7 +250,8 @@ class GraphTap(Guarded):
 
     def _decode_begin(self, num_reqs: int) -> None:
         s, p = self.cur, self.proposer
-        s.ids1, s.positions1 = _cpu(p.input_buffers.input_ids, num_reqs).long(), _cpu(p.input_buffers.positions, num_reqs).long()
+        s.ids1 = _cpu(p.input_buffers.input_ids, num_reqs).long()
+        s.positions1 = _cpu(p.input_buffers.positions, num_reqs).long()
         s.hidden1 = _cpu(p.hidden_states, num_reqs)
 
     def _end(self, step: GraphStep, out) -> None:

@@ -87,5 +87,6 @@ def problems(draft_cls=None, points=HOOK_POINTS) -> list[str]:
                  for i, n in p.positions if i >= len(names) or names[i] != n]
         if gone or moved:
             out.append(f"{where}: " + "; ".join(
-                ([f"no parameter {', '.join(gone)}"] if gone else []) + ([f"expected {', '.join(moved)}"] if moved else [])))
+                ([f"no parameter {', '.join(gone)}"] if gone else [])
+                + ([f"expected {', '.join(moved)}"] if moved else [])))
     return out

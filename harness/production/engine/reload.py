@@ -111,7 +111,7 @@ def run_reload_engine_case(case, *, log=print, out: str | None = None):
     """The reload engine case (module doc): the verdict of the second generation, with the reload's
     findings and the first generation's verdict in front of its problems."""
     import reference as R
-    from harness.production.engine.judge import engine_verdict, generate_and_judge
+    from harness.production.engine.generation_judge import engine_verdict, generate_and_judge
     from harness.production.engine.session import _param_addresses, build_session, engine_inputs
     from harness.production.module import audit
     from harness.production.module.reload import bound_impl_tensors

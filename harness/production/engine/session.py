@@ -2,8 +2,8 @@
 harness's seeded MTP weights loaded into its live drafter and audited (``build_session``).
 Recording is ``taps.py``, judging ``judge.py``; the command is ``harness.commands.engine``.
 
-    python -m harness.production.engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
-    python -m harness.production.engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
+    python -m harness engine [--case ID ...] [--out DIR]      # exit 0 / 1 / 2 / 125 (harness.exitcodes)
+    python -m harness engine --rejudge DIR [--out DIR2]       # CPU, no vLLM: re-judge saved runs
 
 Each run also saves its recording under --out (``engine_calls_<case>.safetensors`` +
 ``.json``: every tensor the replay needs, the calls' metadata, the load audit), so
@@ -35,11 +35,11 @@ Engine capture and replay. What runs (vLLM 0.33.0, all in this process,
    so the proposer's real loop runs: step 0 over every scheduled token (with
    rejected positions), steps >= 1 one token per request, metadata rebuilt by
    vLLM's builders, ``set_skip_topk`` / ``compact_topk_indices`` with index sharing.
-5. ``engine_replay.replay``: the float64 reference over the recorded calls in
+5. ``draft_replay.replay``: the float64 reference over the recorded calls in
    order; draft tokens compared where the reference's logit margin is decisive.
    Step 0 of a decode runs over the rejected slots too, with stale ids / positions
    there: the replay keeps rows <= the proposer's ``last_token_indices`` (see
-   ``engine_replay``'s module doc).
+   ``draft_replay``'s module doc).
 
 Reloading the draft: ``MLAAttention.process_weights_after_loading`` (vLLM 0.33.0
 model_executor/layers/attention/mla_attention.py, ``split_kv_b_proj`` then
@@ -62,7 +62,8 @@ import time
 import torch
 
 from harness.exitcodes import first_line
-from harness.production.engine.cases import ENGINE_KV_GIB_ENV, EngineCase
+from harness.production.engine.engine_env import ENGINE_KV_GIB_ENV
+from harness.case_specs import EngineCase
 from harness.production.module import audit, build
 from harness.production.module.checkpoint_cast import cast_for_vllm
 
@@ -116,12 +117,12 @@ def build_llm(hf_config: dict, case: EngineCase, *, log=print):
     from harness.production.module.vllm_config import write_model_dir
     from harness.production import run_hooks
 
-    run_hooks.fire("vllm_imported")  # e.g. the GC pause of `python -m harness.production.engine` ends
+    run_hooks.fire("vllm_imported")  # e.g. the GC pause of `python -m harness engine` ends
     kw = engine_kwargs(write_model_dir(hf_config), case)
     try:
         llm = LLM(**kw)
         fallback = None
-    except Exception as exc:  # noqa: BLE001 - only a compile failure is retried
+    except Exception as exc:  # only a compile failure is retried
         text = f"{exc.__class__.__name__}: {exc}"
         if not case.graphs or not any(k in text for k in _COMPILE_ERRORS):
             raise
@@ -172,7 +173,8 @@ def sharing_facts(draft, target) -> dict:
     d_buf = getattr(inner, "topk_indices_buffer", None)
     t_buf = getattr(t_inner, "topk_indices_buffer", None)
     return {
-        "embed_tokens_is_target's": t_inner is not None and inner.embed_tokens is getattr(t_inner, "embed_tokens", None),
+        "embed_tokens_is_target's": (t_inner is not None
+                                     and inner.embed_tokens is getattr(t_inner, "embed_tokens", None)),
         "lm_head_is_target's": t_head is not None and all(h is t_head for h in heads),
         "topk_buffer_is_target's": (d_buf is not None and t_buf is not None
                                     and d_buf.data_ptr() == t_buf.data_ptr()),
@@ -279,7 +281,8 @@ def exempt_derived(problems: list[str], derived_ok: set[str]) -> list[str]:
 def engine_inputs(case: EngineCase):
     """(hf config, checkpoint tensors for the draft, reference weights, acceptance plan or None)."""
     import reference as R
-    from harness.production.cases import case_inputs, GpuCase
+    from harness.production.case_inputs import case_inputs
+    from harness.case_specs import GpuCase
 
     from harness.checkpoint.names import to_checkpoint
 

@@ -1,9 +1,9 @@
 """Planted bugs in vLLM's MTP speculator (Python-level patches, as an upstream commit would make).
 
 Each mutant patches a class or module attribute of vLLM's V2 speculators
-(``vllm/v1/worker/gpu/spec_decode/``, reached through ``harness.production.vllm_compat``) in this process, before the engine is built,
-and names the engine case that must catch it and the quantity the first failing
-line must name. Nothing on disk changes. Used by ``python -m harness.production.engine
+(``vllm/v1/worker/gpu/spec_decode/``, reached through ``harness.production.vllm_compat``) in this process, before
+the engine is built, and names the engine case that must catch it and the quantity the first failing
+line must name. Nothing on disk changes. Used by ``python -m harness engine
 --mutant NAME`` (or ``HYV4_SPECULATOR_MUTANT=NAME``, which ``bisect-check`` passes on
 to its engine runs) and by ``python -m harness mutants --speculator``.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+from harness.record_checks import RecordError, one_of
 from harness.undo import UndoStack
 
 
@@ -28,6 +29,23 @@ class SpeculatorMutant:
     # patches graph capture, which runs while the engine is built: planted before the build only
     # (bisect-check / --mutant), never in a --sweep of a live engine
     at_build: bool = False
+
+    def __post_init__(self):
+        """The engine cases it names are the registry's; a capture-only bug is judged on a CUDA-graph
+        case and passes on that case's eager twin."""
+        from harness.case_registry import specs
+
+        where, engines = f"speculator mutant {self.name!r}", specs(kind="engine")
+        fix = "declare the case in harness/case_registry.py (the one list of cases) or pick one there"
+        one_of(where, "case", self.case, engines, fix)
+        if self.passes_eager is not None:
+            one_of(where, "passes_eager", self.passes_eager, engines, fix)
+            if not engines[self.case].graphs or engines[self.passes_eager].graphs:
+                raise RecordError(f"{where}: a capture-only bug (passes_eager) runs on a CUDA-graph case and passes "
+                                  "on an eager one; pick case=graphs, passes_eager=eager")
+        if self.at_build and self.passes_eager is None:
+            raise RecordError(f"{where}: at_build is for capture-only bugs (graph capture runs at build); "
+                              "give passes_eager too")
 
 
 MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
@@ -282,14 +300,16 @@ def run_catalogue(names=None, *, report: str | None = None, log=print) -> dict:
     for case in cases:
         rows[f"control:{case}"] = r = bisect(case, None)
         r["ok"] = r["exit"] == 0
-        log(f"{'ok  ' if r['ok'] else 'BAD '} control {case}: exit {r['exit']} ({r['wall_s']} s) {r['first_problem'][:200]}")
+        log(f"{'ok  ' if r['ok'] else 'BAD '} control {case}: exit {r['exit']} ({r['wall_s']} s) "
+            f"{r['first_problem'][:200]}")
     for n in names:
         m = MUTANTS[n]
         rows[n] = r = bisect(m.case, n)
         r["caught"] = r["exit"] == 1
         r["named_first"] = m.expect in r["first_problem"]
         r["ok"] = r["caught"] and r["named_first"]
-        log(f"{'ok  ' if r['ok'] else 'MISS'} {n} ({m.case}): exit {r['exit']} ({r['wall_s']} s) first: {r['first_problem'][:240]}")
+        log(f"{'ok  ' if r['ok'] else 'MISS'} {n} ({m.case}): exit {r['exit']} ({r['wall_s']} s) "
+            f"first: {r['first_problem'][:240]}")
     summary = {"mutants": len(names), "caught": sum(rows[n]["caught"] for n in names),
                "named_first": sum(rows[n]["named_first"] for n in names),
                "controls_ok": all(rows[f"control:{c}"]["ok"] for c in cases)}
@@ -303,7 +323,8 @@ def run_catalogue(names=None, *, report: str | None = None, log=print) -> dict:
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(description="planted speculator bugs through bisect-check (GPU host)")
+    ap = argparse.ArgumentParser(prog="python -m harness speculator-mutants",
+                                 description="planted speculator bugs through bisect-check (GPU host)")
     ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
     ap.add_argument("--report", default=None, metavar="R.json")
     args = ap.parse_args(argv)
@@ -319,6 +340,3 @@ def main(argv=None) -> int:
           f"{s['named_first']}/{s['mutants']} named first; controls {'ok' if s['controls_ok'] else 'FAILED'}")
     return 0 if s["caught"] == s["mutants"] and s["named_first"] == s["mutants"] and s["controls_ok"] else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,7 +11,7 @@ import traceback
 
 import torch
 
-from harness.production.engine.replay import DraftCall
+from harness.production.engine.draft_replay import DraftCall
 from harness.production.engine.tap_guard import Guarded
 from harness.production.module import capture
 

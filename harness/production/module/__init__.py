@@ -12,5 +12,5 @@ and run the way the MTP proposer runs it, one case at a time (GPU).
 
 May import: vLLM (lazily, inside functions: ``import harness.production`` works without it),
 ``reference``, ``harness`` (not ``harness.mutants`` / ``harness.cli``),
-``harness.production.cases`` and ``harness.production.verdict``.
+``harness.production.case_inputs`` and ``harness.production.judging``.
 """

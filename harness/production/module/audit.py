@@ -143,7 +143,7 @@ def audit_loaded_model(model, loaded: set[str], pre_process_params: dict, warnin
     try:
         from vllm.model_executor.layers.quantization.kv_cache import KVCacheScaleParameter
     except ImportError:  # pragma: no cover
-        KVCacheScaleParameter = ()  # noqa: N806
+        KVCacheScaleParameter = ()
     for name, p in pre_process_params.items():
         if name in loaded or isinstance(p, KVCacheScaleParameter):
             continue

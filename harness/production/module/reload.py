@@ -11,8 +11,8 @@
 The verdict passes when all three hold; its first divergent names the first that does not
 ("run 1 (set A): <component>", "reload: <parameter> ...", "run 2 (set B): <component>").
 
-May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
-``harness.production.verdict`` and the rest of ``harness.production.module``.
+May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case_inputs``,
+``harness.production.judging`` and the rest of ``harness.production.module``.
 """
 
 from __future__ import annotations
@@ -121,10 +121,10 @@ def run_reload_case(case, *, session_kw: dict | None = None, plant_withheld: tup
     """A reload case side by side (module doc): the combined verdict. ``plant_withheld``: a planted
     reload bug, the set B tensors whose names contain one of these substrings are left out of the
     reload (their parameters keep set A's values): the verdict must name them."""
-    from harness.production.cases import build_inputs, reload_set_b
+    from harness.production.case_inputs import build_inputs, reload_set_b
     from harness.production.module import audit
     from harness.production.module.runner import ProductionSession
-    from harness.production.verdict.judge import judge
+    from harness.production.judging.trace_judge import judge
 
     t0 = time.perf_counter()
     case_b = reload_set_b(case)
@@ -180,7 +180,8 @@ def run_reload_case(case, *, session_kw: dict | None = None, plant_withheld: tup
         first = f"run 2 (set B, after the reload): {verdict_b.first_divergent}"
     details = dict(verdict_b.details)
     details["case"] = dataclasses.asdict(case)
-    details["reload"] = {"planted_withheld": list(plant_withheld), "path": "vllm.model_executor.model_loader.reload.inplace.reload_weights (layerwise), "
+    details["reload"] = {"planted_withheld": list(plant_withheld),
+                         "path": "vllm.model_executor.model_loader.reload.inplace.reload_weights (layerwise), "
                                  "applied to the draft model",
                          "stale": problems, "notes": notes, "bound_impl_tensors": state["bound"],
                          "compared": len(fresh_b), "reload_s": state["reload_s"],

@@ -1,22 +1,23 @@
 """Reference vs vLLM's production ``HYV4MTP``: run one case both ways and compare.
 
-    python -m harness.production.side_by_side [--case ID ...] [--fp8] [--modelopt] [--compressed-tensors] [--reload]
-                                              [--out DIR] [--save-traces]
-    python -m harness.production.side_by_side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
+    python -m harness side-by-side [--case ID ...] [--fp8] [--modelopt] [--compressed-tensors] [--reload]
+                                   [--out DIR] [--save-traces]
+    python -m harness side-by-side --rejudge DIR [--out DIR2]   # CPU: re-judge saved traces
 
-``--fp8`` selects the FP8-checkpoint cases (``FP8_CASE_IDS``), ``--compressed-tensors`` the
-compressed-tensors ones (``CT_CASE_IDS``), ``--reload`` the weights-updated-in-place ones
-(``RELOAD_CASE_IDS``, ``module/reload.py``); tolerances are ``tolerances.tolerances_for(case.quant)``.
+``--fp8`` selects the FP8-checkpoint cases (role "fp8" of ``harness.case_registry``),
+``--compressed-tensors`` the compressed-tensors ones (role "compressed-tensors"), ``--reload`` the
+weights-updated-in-place ones (role "reload", ``module/reload.py``); tolerances are
+``tolerances.tolerances_for(case.quant)``.
 A case's ``upstream_gaps`` (a known vLLM gap it exists to show) fails with the gap named first.
 
-The verdict (``harness.production.verdict.judge``) is against the EXACT (float64) reference with
+The verdict (``harness.production.judging.trace_judge``) is against the EXACT (float64) reference with
 ``tolerances_for(quant)``; the table also shows the max abs error against the reference run
 with PRODUCTION numerics (bf16 storage, fp32 accumulation), which isolates
 kernel/ordering noise from the spec.
 Exit codes: 0 all cases pass, 1 a numeric mismatch, 125 cannot judge (no GPU/vLLM).
 
-May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.cases``,
-``harness.production.verdict`` and the rest of ``harness.production.module``.
+May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case_inputs``,
+``harness.production.judging`` and the rest of ``harness.production.module``.
 """
 
 from __future__ import annotations
@@ -26,17 +27,16 @@ import dataclasses
 import glob
 import json
 import os
-import sys
 import time
 import traceback
 
 import torch
 
 from harness.atomic import atomic_write_json
-from harness.production.cases import (CT_CASE_IDS, FP8_CASE_IDS, GPU_CASES, MODELOPT_CASE_IDS, PROBE_CASES,
-                                      RELOAD_CASE_IDS, CaseInputs, GpuCase, _case_from_dict, build_inputs,
-                                      case_inputs, reload_set_b)
-from harness.production.verdict.judge import judge
+from harness import case_registry
+from harness.case_specs import GpuCase
+from harness.production.case_inputs import CaseInputs, _case_from_dict, build_inputs, reload_set_b
+from harness.production.judging.trace_judge import judge
 from harness.verdict import Verdict
 
 
@@ -275,15 +275,20 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(GPU_CASES)})")
-    ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(FP8_CASE_IDS)})")
+    gpu_cases, probe_cases = (case_registry.specs(kind="module", without="probe"),
+                              case_registry.specs(role="probe", kind="module"))
+    fp8_ids, modelopt_ids, ct_ids, reload_ids = (case_registry.ids(role=r, kind="module")
+                                                 for r in ("fp8", "modelopt", "compressed-tensors", "reload"))
+    ap = argparse.ArgumentParser(prog="python -m harness side-by-side", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(gpu_cases)})")
+    ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(fp8_ids)})")
     ap.add_argument("--modelopt", action="store_true",
-                    help=f"the ModelOpt FP8_PB_WO cases ({', '.join(MODELOPT_CASE_IDS)})")
+                    help=f"the ModelOpt FP8_PB_WO cases ({', '.join(modelopt_ids)})")
     ap.add_argument("--compressed-tensors", action="store_true",
-                    help=f"the compressed-tensors FP8 cases ({', '.join(CT_CASE_IDS)})")
+                    help=f"the compressed-tensors FP8 cases ({', '.join(ct_ids)})")
     ap.add_argument("--reload", action="store_true",
-                    help=f"the weights-updated-in-place cases ({', '.join(RELOAD_CASE_IDS)})")
+                    help=f"the weights-updated-in-place cases ({', '.join(reload_ids)})")
     ap.add_argument("--out", default=None, help="directory for side_by_side.json (default $OUT or out)")
     ap.add_argument("--save-traces", action="store_true", help="also write production traces (safetensors)")
     ap.add_argument("--rejudge", metavar="DIR", help="CPU only: re-judge the traces a --save-traces run wrote "
@@ -291,13 +296,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     ids = list(args.case or [])
     if args.fp8:
-        ids += [c for c in FP8_CASE_IDS if c not in ids]
+        ids += [c for c in fp8_ids if c not in ids]
     if args.modelopt:
-        ids += [c for c in MODELOPT_CASE_IDS if c not in ids]
+        ids += [c for c in modelopt_ids if c not in ids]
     if args.compressed_tensors:
-        ids += [c for c in CT_CASE_IDS if c not in ids]
+        ids += [c for c in ct_ids if c not in ids]
     if args.reload:
-        ids += [c for c in RELOAD_CASE_IDS if c not in ids]
+        ids += [c for c in reload_ids if c not in ids]
     if args.rejudge:
         code, _ = rejudge(args.rejudge, args.out, ids or None)
         return code
@@ -308,14 +313,14 @@ def main(argv=None) -> int:
         print(f"cannot judge: {reason}")
         return 125
     os.makedirs(out, exist_ok=True)
-    ids = ids or list(GPU_CASES) + list(PROBE_CASES)
+    ids = ids or list(gpu_cases) + list(probe_cases)
     summary = {**run_facts(), "cases": []}
     print(json.dumps(summary["versions"]))
     worst = 0
     pending: dict = {}
     n_files = 0
     for cid in ids:
-        case = GPU_CASES.get(cid) or PROBE_CASES[cid]
+        case = gpu_cases.get(cid) or probe_cases[cid]
         try:
             res = run_case(case)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next case
@@ -361,6 +366,3 @@ def main(argv=None) -> int:
     atomic_write_json(os.path.join(out, "side_by_side.json"), summary, default=str)
     return worst
 
-
-if __name__ == "__main__":
-    sys.exit(main())

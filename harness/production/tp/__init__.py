@@ -3,5 +3,5 @@ merged by the registry's per-component rule (replicated / head-sharded / partial
 against the reference and against TP = 1.
 
 May import: vLLM (lazily, in the rank processes), ``reference``, ``harness``,
-``harness.production.cases``, ``harness.production.module`` and ``harness.production.verdict``.
+``harness.production.case_inputs``, ``harness.production.module`` and ``harness.production.judging``.
 """

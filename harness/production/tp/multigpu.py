@@ -38,7 +38,7 @@ import traceback
 
 import torch
 
-from harness.compare import index_rows_differing
+from harness.trace_compare import index_rows_differing
 # The merge rule of each component is its registry record's ``tp``. HYV4MoE builds its shared
 # experts with reduce_results=False: each rank's module output is its intermediate slice's partial
 # sum, all-reduced later together with the routed experts' partial sums inside FusedMoE.
@@ -54,7 +54,7 @@ def _worker(rank: int, world: int, init_method: str, jobs, results) -> None:
 
     import reference as R
     from harness.production.module.runner import ProductionSession
-    from harness.production.cases import _case_from_dict, case_inputs
+    from harness.production.case_inputs import _case_from_dict, case_inputs
 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
@@ -140,7 +140,7 @@ class TPWorkers:
 
         import reference as R
         from harness.presets import check_kernel_constraints
-        from harness.production.cases import case_inputs
+        from harness.production.case_inputs import case_inputs
 
         hf = hf_config if hf_config is not None else case_inputs(case)[0]
         check_kernel_constraints(R.MTPConfig.from_hf_dict(hf), quantized=case.quant != "bf16", tp=self.tp)
@@ -240,15 +240,15 @@ left out of the trace).
 def run_case_tp(workers: TPWorkers, case, inputs=None) -> Verdict:
     """``case`` at TP = ``workers.tp`` and in this process at TP = 1, each judged against
     the reference; plus TP vs TP = 1: a ``Verdict`` of kind "tp" whose ``parts`` are the two
-    judged runs ("tp1", "tpn") and their comparison ("tp_vs_tp1", a ``compare.Report``), its
+    judged runs ("tp1", "tpn") and their comparison ("tp_vs_tp1", a ``trace_compare.Report``), its
     ``details`` the merge rules, the rank-variant rows and the bitwise-equal keys. ``inputs``: the
     case's ``CaseInputs`` (else built here); each rank's process builds its own from the case."""
-    from harness import compare
+    from harness import trace_compare
     from harness.components import PRODUCTION_COMPONENTS
     from harness.production.module.side_by_side import run_case
-    from harness.production.verdict.judge import judge
-    from harness.production.verdict.tolerances import tolerances_for
-    from harness.production.cases import build_inputs
+    from harness.production.judging.trace_judge import judge
+    from harness.production.judging.tolerances import tolerances_for
+    from harness.production.case_inputs import build_inputs
 
     inputs = inputs if inputs is not None else build_inputs(case)  # this process's TP = 1 run and both judges
     tp1 = run_case(case, inputs=inputs)
@@ -263,7 +263,7 @@ def run_case_tp(workers: TPWorkers, case, inputs=None) -> Verdict:
         if rule.startswith("rank-variant") and key in tpn.reference:
             step = key.split(".", 1)[0]
             for r, tr in enumerate(ranks):
-                res = compare.compare_index_sets(f"{key}[rank {r}]", tr[key], tpn.reference[key],
+                res = trace_compare.compare_index_sets(f"{key}[rank {r}]", tr[key], tpn.reference[key],
                                                  tpn.reference.get(f"{step}.indexer.scores"),
                                                  tols["indexer.scores"].atol)
                 variant.append(res)
@@ -291,7 +291,7 @@ def compare_tp(tpn: Verdict, tp1: Verdict, tols: dict, components: tuple):
     them of the spec, and TP moves only the reduction order (per-rank partial
     sums rounded to bf16 before the all-reduce, ~1 ulp at step 0).
     """
-    from harness import compare
+    from harness import trace_compare
 
     a, e = {}, {}
     for key, v in tpn.trace_compared.items():
@@ -308,9 +308,10 @@ def compare_tp(tpn: Verdict, tp1: Verdict, tols: dict, components: tuple):
         a[key], e[key] = v, w
     e.update({k: v for k, v in tp1.reference.items() if k.startswith("step0.") and k.endswith(".indexer.scores")})
     wanted = tuple(components)
-    rep = compare.compare_traces(a, e, tols, components=wanted)
+    rep = trace_compare.compare_traces(a, e, tols, components=wanted)
     # steps >= 1: only the tokens (their logits serve as the margin for the token check)
-    return compare.Report([r for r in rep.results if r.name.startswith("step0.") or r.name.endswith(".draft_token")])
+    return trace_compare.Report([r for r in rep.results
+                                 if r.name.startswith("step0.") or r.name.endswith(".draft_token")])
 
 
 def summary(res: Verdict) -> dict:

@@ -1,12 +1,10 @@
-"""The engine cases (kind "engine" of ``harness.case_registry``): which ``vllm.LLM`` runs the
-engine tier makes (torch-free: ``harness warmup`` and ``compare`` check a case id, exit 2, before
-anything heavy is imported)."""
+"""The environment of an engine subprocess (``engine_env``): a fixed KV cache size beside other
+GPU processes, the host's cores shared among concurrent runs. Torch-free. The engine cases
+themselves are the registry's (``harness.case_registry.specs(kind="engine")``)."""
 
 from __future__ import annotations
 
 import os
-
-from harness.case_registry import EngineCase, specs
 
 # A fixed KV cache size for the engine (GiB): vLLM then skips its memory profiling, which fails
 # when another process on the same GPU allocates or frees memory meanwhile
@@ -26,13 +24,3 @@ def engine_env(shared_gpu: bool, env: dict | None = None, computing: int = 1) ->
         env[ENGINE_KV_GIB_ENV] = SHARED_GPU_KV_GIB
     return shared_thread_env(env, computing) if computing > 1 else env
 
-
-# The registry's engine cases (``harness.case_registry``, the one place a case is declared)
-ENGINE_CASES: dict[str, EngineCase] = specs(kind="engine")
-
-# weights updated in place (role "reload"): generate with set A, reload the drafter with set B, judge
-RELOAD_ENGINE_CASES: dict[str, EngineCase] = specs(role="reload", kind="engine")
-
-# every engine case a bisect-check runs, --graphs included (roles "bisect", "graph-bisect")
-BISECT_ENGINE_CASE_IDS: tuple[str, ...] = (*specs(role="bisect", kind="engine"),
-                                           *specs(role="graph-bisect", kind="engine"))

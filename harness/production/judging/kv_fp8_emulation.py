@@ -7,26 +7,25 @@ through the FP8 rounding of the cached latent: an element of a bf16-noisy latent
 rounding midpoint lands one e4m3 step away, a tile scale flips by 2 when its amax sits near a
 power of two. This runs the reference with PRODUCTION numerics and the FP8 cache as the stand-in
 for production (its rows packed by the reference's writer as ``attn.kv_cache_rows``), judges it
-with ``verdict.judge.judge`` (bf16 tolerances, no FP8-KV widening) and prints per component the
+with ``judging.trace_judge.judge`` (bf16 tolerances, no FP8-KV widening) and prints per component the
 max |d| vs EXACT and the atol needed at the table's rtol, next to the same run with a bf16 cache:
 the starting point of ``harness.components.KV_CACHE_FP8_ATOL`` (2x the max |d|).
 
-    python -m harness.production.verdict.kv_fp8_emulation [--case ID ...] [--extra-seeds N]
+    python -m harness kv-fp8-emulation [--case ID ...] [--extra-seeds N]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 
 import reference as R
 
 
 def emulated_trace(case) -> dict:
     """The reference with PRODUCTION numerics and ``case.kv_cache_dtype``, shaped as a production trace."""
-    from harness.production.cases import case_inputs
-    from harness.production.verdict.fp8_emulation import as_production_trace
+    from harness.production.case_inputs import case_inputs
+    from harness.production.judging.fp8_emulation import as_production_trace
     from reference import kv_cache
 
     hf, _, weights = case_inputs(case)
@@ -44,24 +43,26 @@ def emulated_trace(case) -> dict:
 def measure(case) -> dict:
     """{component: {"max_abs", "atol_needed", "passed"}} of the emulated run judged against EXACT."""
     from harness.components import tolerance_table
-    from harness.production.verdict.fp8_emulation import needed_atol
-    from harness.production.verdict.judge import judge
+    from harness.production.judging.fp8_emulation import needed_atol
+    from harness.production.judging.trace_judge import judge
 
     res = judge(case, emulated_trace(case), {}, tolerances=tolerance_table(case.quant))
     return needed_atol(res)
 
 
 def main(argv=None) -> int:
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m harness kv-fp8-emulation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8-KV module case)")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 40, 41, ...")
     args = ap.parse_args(argv)
-    ids = args.case or [c.id for c in GPU_CASES.values() if c.kv_cache_dtype != "auto"]
+    ids = args.case or [c.id for c in gpu_cases.values() if c.kv_cache_dtype != "auto"]
     agg: dict = {}
     for cid in ids:
-        base = GPU_CASES[cid]
+        base = gpu_cases[cid]
         for case in [base] + [dataclasses.replace(base, id=f"{cid}-seed{s}", seed=s)
                               for s in range(40, 40 + args.extra_seeds)]:
             for kv in (case.kv_cache_dtype, "auto"):
@@ -78,6 +79,3 @@ def main(argv=None) -> int:
               f"{b['max_abs']:15.3e} {b['atol_needed']:12.3e}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -31,10 +31,10 @@ What vLLM 0.33 does on an SM90 GPU for an FP8 MTP checkpoint (read off
 ``Fp8Numerics`` is ``reference.PRODUCTION`` plus that activation quantization
 in ``linear`` for the weights vLLM holds in FP8 (recognised by storage);
 ``emulate`` runs the reference's proposer loop with it, shapes the result
-like a production trace and judges it with ``verdict.judge.judge`` against the
+like a production trace and judges it with ``judging.trace_judge.judge`` against the
 EXACT reference, which gives the max errors the FP8 tolerances start from.
 
-    python -m harness.production.verdict.fp8_emulation [--case ID ...] [--variant ...]
+    python -m harness fp8-emulation [--case ID ...] [--variant ...]
 """
 
 from __future__ import annotations
@@ -42,97 +42,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
 import torch
 
 import reference as R
-from reference.fp8 import E4M3_MAX, quantize_block, to_e4m3, ue8m0_round_up
-from reference.numerics import Numerics
-
-GROUP = 128
-
-# (activation scales rounded up to powers of two, fp32-scale weights re-quantized to UE8M0)
-VARIANTS = {
-    "deepgemm-e8m0": (True, True),   # the SM90 default (VLLM_USE_DEEP_GEMM_E8M0=1, DeepGEMM present)
-    # FlashInferFp8DeepGEMMDynamicBlockScaledKernel (picked first when flashinfer has the block-scale
-    # GEMM): FlashInfer quantizes the activation itself for M < 32 (steps >= 1 here) over the weight
-    # DeepGEMM's post-processing already re-quantized; emulated with float32 activation scales
-    "requant-fp32-act": (False, True),
-    "fp32-scales": (False, False),   # VLLM_USE_DEEP_GEMM_E8M0=0 / CUTLASS or Triton block GEMM
-}
-
-
-def quantize_act(x: torch.Tensor, group: int = GROUP, pow2: bool = False, eps: float = 1e-10) -> torch.Tensor:
-    """x [..., K] -> dequantized per-token-group e4m3 values (float64), K padded to the group."""
-    k = x.shape[-1]
-    pad = (-k) % group
-    xf = x.to(torch.float64)
-    if pad:
-        xf = torch.nn.functional.pad(xf, (0, pad))
-    g = xf.reshape(*xf.shape[:-1], -1, group)
-    scale = g.abs().amax(-1, keepdim=True).clamp_min(eps).to(torch.float32).to(torch.float64) / E4M3_MAX
-    scale = scale.to(torch.float32).to(torch.float64)
-    if pow2:
-        scale = ue8m0_round_up(scale)
-    q = to_e4m3(g / scale).to(torch.float64) * scale
-    return q.reshape(*xf.shape)[..., :k]
-
-
-@dataclasses.dataclass(frozen=True)
-class Fp8Numerics(Numerics):
-    """PRODUCTION numerics plus per-token-group e4m3 activation quantization before FP8 GEMMs."""
-
-    fp8_storages: frozenset = frozenset()
-    act_pow2: bool = True
-
-    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.dtype | None = None) -> torch.Tensor:
-        if w.untyped_storage().data_ptr() not in self.fp8_storages:
-            return super().linear(x, w, out)
-        xq = quantize_act(x.to(self.act), GROUP, self.act_pow2)
-        y = self.up(xq) @ self.up(w).mT
-        return y.to(out or self.act)
-
-
-def requant_ue8m0(w: torch.Tensor, block=(128, 128)) -> torch.Tensor:
-    """``requant_weight_ue8m0_inplace`` on a dequantized weight: block e4m3 with power-of-two scales."""
-    q, s = quantize_block(w.to(torch.float32).to(torch.float64), block, ue8m0=True)
-    bn, bk = block
-    *_, n, k = w.shape
-    full = s.repeat_interleave(bn, -2).repeat_interleave(bk, -1)[..., :n, :k]
-    return q.to(torch.float64) * full
-
-
-def production_weights(case, weights: dict, variant: str) -> tuple[dict, frozenset]:
-    """(weights as production computes with them, storages of the FP8-GEMM weights)."""
-    from harness.checkpoint.quant import mtp_fp8_plan
-    from harness.components import QUANT_PRECISION
-
-    _, requant = VARIANTS[variant]
-    hf, _, _ = case_inputs_cached(case)
-    cfg = R.MTPConfig.from_hf_dict(hf)
-    plan = mtp_fp8_plan(hf, cfg)
-    out = dict(weights)
-    storages = set()
-    if plan is None:
-        return out, frozenset()
-    for layer in range(cfg.num_mtp_layers):
-        for leaf in sorted(plan.quantized.get(layer, ())):
-            name = f"layers.{layer}.{leaf}"
-            if name not in out:
-                continue
-            w = out[name]
-            if requant and QUANT_PRECISION.get(case.quant, case.quant) == "fp8" and not leaf.startswith("mlp.experts."):
-                w = requant_ue8m0(w, plan.block)  # DeepGEMM linears only; Triton MoE keeps the stored scales
-            out[name] = w.clone()
-            storages.add(out[name].untyped_storage().data_ptr())
-    return out, frozenset(storages)
-
-
-def case_inputs_cached(case):
-    from harness.production.cases import case_inputs
-    return case_inputs(case)
-
+from harness.production.judging.fp8_numerics import VARIANTS, Fp8Numerics, case_inputs_cached, production_weights
 
 def as_production_trace(cfg: R.MTPConfig, trace: dict, steps: int) -> dict:
     """A reference trace shaped like what production's hooks capture.
@@ -155,18 +69,6 @@ def as_production_trace(cfg: R.MTPConfig, trace: dict, steps: int) -> dict:
     return fake
 
 
-def production_numerics(case, weights: dict, variant: str = "deepgemm-e8m0") -> tuple[dict, Numerics]:
-    """(weights, numerics) that model what production rounds for ``case``: ``reference.PRODUCTION``
-    for bf16 cases; for FP8 cases the weights production computes with (``variant``'s
-    re-quantization) and ``Fp8Numerics`` (per-token-group e4m3 activation quantization before
-    the FP8 GEMMs). The side-by-side's ``|d| prodnum`` column is measured against this."""
-    if case.quant == "bf16":
-        return weights, R.PRODUCTION
-    act_pow2, _ = VARIANTS[variant]
-    pw, storages = production_weights(case, weights, variant)
-    return pw, Fp8Numerics("production-fp8", torch.bfloat16, torch.float32, storages, act_pow2)
-
-
 def emulated_production_trace(case, variant: str = "deepgemm-e8m0") -> dict:
     """The reference run with FP8 production numerics, shaped as a production trace."""
     hf, _, weights = case_inputs_cached(case)
@@ -181,7 +83,7 @@ def emulated_production_trace(case, variant: str = "deepgemm-e8m0") -> dict:
 
 def emulate(case, variant: str = "deepgemm-e8m0", tolerances: dict | None = None) -> dict:
     """``judge.judge`` of the emulated FP8 production trace (rows carry the max errors)."""
-    from harness.production.verdict.judge import judge
+    from harness.production.judging.trace_judge import judge
     return judge(case, emulated_production_trace(case, variant), {}, tolerances=tolerances)
 
 
@@ -234,10 +136,11 @@ def _tie_margin(result, key: str) -> float:
 def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
     """Per quant and component, the max over cases, extra seeds and variants of
     (max |d|, atol needed at the table's rtol, top-k tie margin)."""
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     agg: dict = {}
     for cid in case_ids:
-        base = GPU_CASES[cid]
+        base = gpu_cases[cid]
         cases = [base] + [dataclasses.replace(base, id=f"{cid}-seed{s}", seed=s)
                           for s in range(30, 30 + extra_seeds)]
         for case in cases:
@@ -255,15 +158,17 @@ def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    from harness.production.cases import GPU_CASES
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
+    ap = argparse.ArgumentParser(prog="python -m harness fp8-emulation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8 case)")
     ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 30, 31, ...")
     ap.add_argument("--json", help="write the per-quant, per-component numbers here")
     args = ap.parse_args(argv)
     # the block-FP8 cases this emulation models (not compressed-tensors channel scales, not reloads)
-    ids = args.case or [c.id for c in GPU_CASES.values() if c.quant != "bf16" and c.reload_seed is None
+    ids = args.case or [c.id for c in gpu_cases.values() if c.quant != "bf16" and c.reload_seed is None
                         and not c.quant.startswith("compressed-tensors")]
     agg = sweep(ids, args.variant or list(VARIANTS), args.extra_seeds)
     for quant, comps in agg.items():
@@ -276,6 +181,3 @@ def main(argv=None) -> int:
             json.dump(agg, f, indent=1)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 every golden goes through (reference goldens, production goldens, host baselines).
 
 Reference goldens hold the exact reference's trace of a named case; they catch drift of the
-harness itself. Production goldens (``harness.production.goldens``) hold vLLM's own trace. What
+harness itself. Production goldens (``harness.goldens``) hold vLLM's own trace. What
 differs between kinds (how a trace is encoded, judged, and whether a golden applies on this
 platform) is a ``GoldenKind``; the files, the manifest and what happens on a mismatch are here.
 
@@ -11,7 +11,7 @@ obtained trace against it. On a mismatch the obtained trace, encoded as the gold
 is written beside the expected file (``case_id.obtained.safetensors``, atomically, git-ignored),
 so the two can be compared or the obtained one reviewed; the result's ``message`` names both
 paths and the first divergent component. With ``regen`` the expected file is written on purpose
-(``--update-goldens``, ``goldens_gpu record``), and callers still fail so a person reviews the
+(``--update-goldens``, production goldens' ``record``), and callers still fail so a person reviews the
 diff. A missing or corrupt golden is a ``GoldenError``, never regenerated silently; an obtained
 file is never a golden (``load``, ``write_set`` and the manifest refuse or skip it).
 """
@@ -19,7 +19,6 @@ file is never a golden (``load``, ``write_set`` and the manifest refuse or skip 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 from collections.abc import Callable
@@ -30,14 +29,15 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import save_file
 
-from .atomic import atomic_write, atomic_write_json, write_errors
+from harness.atomic import atomic_write, atomic_write_json, write_errors
+from harness.exitcodes import GoldenError  # defined with the exit-code contract, which classifies it (125)
 
 if TYPE_CHECKING:
-    from .compare import Report
+    from harness.trace_compare import Report
 
 # HYV4_GOLDENS_ROOT points a run at another goldens tree (e.g. production
 # goldens just recorded on a GPU host, before they are reviewed into the repo).
-ROOT = Path(os.environ.get("HYV4_GOLDENS_ROOT") or Path(__file__).resolve().parent.parent / "goldens")
+ROOT = Path(os.environ.get("HYV4_GOLDENS_ROOT") or Path(__file__).resolve().parents[2] / "goldens")
 MANIFEST = "manifest.json"
 HARNESS_VERSION = "0.1.0"
 SUFFIX = ".safetensors"
@@ -45,8 +45,6 @@ SUFFIX = ".safetensors"
 OBTAINED = ".obtained"
 
 
-class GoldenError(RuntimeError):
-    """A golden is missing, corrupt or does not match its manifest."""
 
 
 def _sha256(path: Path) -> str:
@@ -100,8 +98,8 @@ MAX_GOLDEN_BYTES = 1 << 30
 def _golden_bytes(path: Path) -> bytes:
     """The whole golden file, read once (hashed and parsed from memory: no memory map a truncation
     could turn into a SIGBUS); a FIFO, device or oversized file is a GoldenError, never a wait."""
-    from .exitcodes import CLIError
-    from .input_checks import read_bytes
+    from harness.exitcodes import CLIError
+    from harness.input_checks import read_bytes
 
     try:
         return read_bytes(f"golden file {path}", path, MAX_GOLDEN_BYTES)
@@ -114,8 +112,8 @@ def read_manifest(root: Path = ROOT) -> dict:
     path = root / MANIFEST
     if not path.exists():
         return {"cases": {}}
-    from .exitcodes import CLIError
-    from .input_checks import read_json
+    from harness.exitcodes import CLIError
+    from harness.input_checks import read_json
 
     try:  # bounded, regular files only (a FIFO never blocks the check)
         doc = read_json(str(path), path)
@@ -182,7 +180,7 @@ def load(kind: str, case_id: str, root: Path = ROOT) -> tuple[dict, dict]:
         from safetensors.torch import load as load_bytes
 
         tensors = load_bytes(data)
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+    except Exception as exc:  # safetensors raises several types
         raise GoldenError(f"golden file {path} does not parse: {exc}") from exc
     return {k: (v.to(torch.float64) if v.dtype == torch.float8_e4m3fn else v) for k, v in tensors.items()}, entry
 

@@ -47,7 +47,7 @@ class ComponentResult:
     ties: int = 0
     note: str = ""
     # a golden / baseline comparison: max |d| over the rows whose value is settled run to run (the
-    # order-variant rows left out, ``goldens_gpu``); None where every row is (or rows are unknown)
+    # order-variant rows left out, ``harness.goldens.production``); None where every row is (or rows are unknown)
     max_abs_settled: float | None = None
 
     def as_dict(self) -> dict:
@@ -78,7 +78,8 @@ class Report:
                 "meta": self.meta, "components": [r.as_dict() for r in self.results]}
 
     def table(self) -> str:
-        lines = [f"{'component':28s} {'ok':4s} {'max_abs':>10s} {'max_rel':>10s} {'1-sim':>10s} {'mism%':>7s} {'atol':>8s} {'rtol':>8s}  note"]
+        lines = [f"{'component':28s} {'ok':4s} {'max_abs':>10s} {'max_rel':>10s} {'1-sim':>10s} {'mism%':>7s} "
+                 f"{'atol':>8s} {'rtol':>8s}  note"]
         for r in self.results:
             tol = r.tolerance
             lines.append(
@@ -122,7 +123,8 @@ def compare_values(name: str, actual: torch.Tensor, expected: torch.Tensor, tol:
     # same row-major order), so they are computed without the masks
     all_finite = a.numel() > 0 and finite_everywhere(a) and finite_everywhere(e)
     if not all_finite:
-        for label, fn in (("NaN", torch.isnan), ("+inf", lambda x: torch.isposinf(x)), ("-inf", lambda x: torch.isneginf(x))):
+        for label, fn in (("NaN", torch.isnan), ("+inf", lambda x: torch.isposinf(x)),
+                          ("-inf", lambda x: torch.isneginf(x))):
             ma, me = fn(a), fn(e)
             if not torch.equal(ma, me):
                 idx = torch.nonzero(ma != me)[0].tolist()

@@ -2,7 +2,7 @@
 inputs, in named steps (``judge``). CPU, no vLLM.
 
 May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``verdict``),
-``harness.production.cases``, ``harness.production.can_run`` and the rest of ``harness.production.verdict``.
+``harness.production.case_inputs``, ``harness.production.can_run`` and the rest of ``harness.production.judging``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import time
 import torch
 
 import reference as R
-from harness.compare import finite_everywhere
+from harness.trace_compare import finite_everywhere
 from harness.components import PRODUCTION_COMPONENTS
-from harness.production.cases import CaseInputs, GpuCase, case_inputs
+from harness.production.case_inputs import case_inputs, CaseInputs
+from harness.case_specs import GpuCase
 from harness.verdict import Verdict
 
 
@@ -163,8 +164,8 @@ def replay_reference(case: GpuCase, hf: dict, cfg: R.MTPConfig, weights: dict, p
     """Step 1: the reference replayed on production's inputs (EXACT and PRODUCTION numerics) and
     run free (CPU, instrumented: how strongly this case exercises each regime)."""
     from harness import regimes
-    from harness.production.verdict.fp8_emulation import production_numerics
-    from harness.production.verdict.replay import replay
+    from harness.production.judging.fp8_numerics import production_numerics
+    from harness.production.judging.teacher_forcing import replay
     from harness.production.can_run import reference_device
 
     t1 = time.perf_counter()
@@ -174,7 +175,7 @@ def replay_reference(case: GpuCase, hf: dict, cfg: R.MTPConfig, weights: dict, p
     kv = case.kv_cache_dtype
     ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev, kv_cache_dtype=kv)
     # production numerics: bf16 storage, twice-rounded RMSNorm, bf16 RoPE tables and, for FP8
-    # cases, the activation quantization of the FP8 GEMMs (fp8_emulation.production_numerics)
+    # cases, the activation quantization of the FP8 GEMMs (fp8_numerics.production_numerics)
     prod_weights, prod_num = production_numerics(case, weights)
     # (the FP8 emulation's numerics are CPU-tested only: FP8 cases replay them on the CPU)
     ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num, device=dev if case.quant == "bf16" else "cpu",
@@ -272,7 +273,7 @@ def report_rows(report, prod_cmp: dict, ref_p: dict) -> list[dict]:
 def layer_policy(cfg: R.MTPConfig, case: GpuCase, prod: dict, ref: dict, runs: ReferenceRuns, first) -> dict | None:
     """Step 6 (several MTP layers): which layer served steps >= 1? Both policies replayed,
     final_norm compared."""
-    from harness.production.verdict.replay import replay
+    from harness.production.judging.teacher_forcing import replay
 
     if not (cfg.num_mtp_layers > 1 and case.steps > 1):
         return None
@@ -300,8 +301,8 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     the exact dequantized checkpoint); tolerances default to ``tolerances_for(case.quant,
     case.kv_cache_dtype)``, and the reference stores its draft KV as ``case.kv_cache_dtype`` does.
     """
-    from harness import compare
-    from harness.production.verdict.tolerances import tolerances_for
+    from harness import trace_compare
+    from harness.production.judging.tolerances import tolerances_for
 
     if inputs is not None:
         hf, weights, cfg, first = inputs.hf_config, inputs.weights, inputs.config, inputs.first
@@ -317,7 +318,7 @@ def judge(case: GpuCase, prod: dict, info: dict, *, tolerances: dict | None = No
     prod_cmp, ref, ref_p = comparable(prod, ref, ref_p, cfg)
     derive_kv_cache(case, prod_cmp, ref, ref_p)
     ties = mask_routing_ties(prod_cmp, ref, weights, case, first)
-    report = compare.compare_traces(prod_cmp, ref, tols, components=PRODUCTION_COMPONENTS)
+    report = trace_compare.compare_traces(prod_cmp, ref, tols, components=PRODUCTION_COMPONENTS)
     prod_tokens = torch.stack([prod[f"step{k}.draft_token"] for k in range(case.steps)], 1).tolist()
     timing = dict(info.get("timing_s", {}))
     timing["reference"] = runs.seconds

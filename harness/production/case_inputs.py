@@ -1,10 +1,10 @@
-"""The side-by-side cases (kind "module" of ``harness.case_registry``): ``GpuCase`` (a preset or
-checkpoint directory, inputs, steps, quantization), the registry's views ``GPU_CASES`` /
-``PROBE_CASES`` / ``BISECT_CASES`` / ``FP8_CASE_IDS`` / ``MODELOPT_CASE_IDS`` / ``CT_CASE_IDS`` /
-``RELOAD_CASE_IDS``, and ``CaseInputs`` / ``build_inputs`` (the HF config,
-the checkpoint tensors for vLLM, the reference's weights and first step of a case). CPU only, no vLLM.
+"""The inputs of a side-by-side case (a ``GpuCase`` of ``harness.case_specs``, kind "module" of
+``harness.case_registry``): ``CaseInputs`` / ``build_inputs`` (the HF config, the checkpoint
+tensors for vLLM, the reference's weights and first step of a case), ``case_inputs`` (the same,
+cached, for callers holding only a case), ``reload_set_b``. CPU only, no vLLM. Which cases exist
+is the registry's to say (``harness.case_registry.specs(kind="module", ...)``).
 
-May import: ``reference``, ``harness.case_registry``, ``harness.checkpoint``.
+May import: ``reference``, ``harness.case_specs``, ``harness.checkpoint``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 
-from harness.case_registry import GpuCase, ids, specs
+from harness.case_specs import GpuCase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,22 +109,3 @@ def reload_set_b(case: GpuCase) -> GpuCase:
         raise ValueError(f"{case.id}: not a reload case (reload_seed is None)")
     return dataclasses.replace(case, seed=case.reload_seed, reload_seed=None)
 
-
-# Views of the registry (``harness.case_registry``), the one place a case is declared.
-GPU_CASES: dict[str, GpuCase] = specs(kind="module", without="probe")
-
-MODELOPT_CASE_IDS = ids(role="modelopt", kind="module")
-
-FP8_CASE_IDS = ids(role="fp8", kind="module")
-
-CT_CASE_IDS = ids(role="compressed-tensors", kind="module")
-
-RELOAD_CASE_IDS = ids(role="reload", kind="module")
-
-# The one list of the side-by-side cases a bisect judges: bisect-check's default set, and the
-# production goldens' and host baselines' case set (roles bisect and golden of the same records;
-# the regimes they are chosen for: the registry's ``regimes`` field).
-BISECT_CASES = ids(role="bisect", kind="module")
-
-# Configs the SM90 kernels refuse (kept to document the constraint; expected to raise).
-PROBE_CASES: dict[str, GpuCase] = specs(role="probe", kind="module")

@@ -1,7 +1,7 @@
 """Host baselines: the production goldens of the bisect set, recorded by the user on this host at a
 known-good vLLM (``bisect-check --record-baseline DIR``) and judged at every later commit
 (``bisect-check --baseline DIR``) exactly as the checked-in goldens are: the same files, encoding,
-tolerances and check (``goldens.check(goldens_gpu.PRODUCTION, ...)``: a mismatch leaves the obtained
+tolerances and check (``store.check(production_goldens.PRODUCTION, ...)``: a mismatch leaves the obtained
 trace beside the baseline's file), under another root, written by the user.
 
     DIR/manifest.json                      {"cases": {...}, "baseline": STAMP}
@@ -18,7 +18,6 @@ and only when it is a baseline (or empty); the old one stays whole until the new
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 from harness.exitcodes import CLIError
 
 STAMP = "baseline"
-MANIFEST = "manifest.json"  # harness.goldens.MANIFEST (that module imports torch; this one checks flags)
+MANIFEST = "manifest.json"  # harness.goldens.store.MANIFEST (that module imports torch; this one checks flags)
 
 
 def _stamp_of(path: Path) -> dict | None:
@@ -82,7 +81,7 @@ def read_stamp(path: str | Path) -> dict:
 def check_platform(path: str | Path, now: dict) -> dict:
     """The stamp of baseline ``path`` when it was recorded on ``now``'s platform; else CLIError
     (exit 2), one line naming ``path`` and the first key field that differs."""
-    from harness.production.goldens import platform_key
+    from harness.goldens import platform_key
 
     stamp = read_stamp(path)
     bad = platform_key.mismatch(stamp["platform"], now)
@@ -95,19 +94,19 @@ def check_platform(path: str | Path, now: dict) -> dict:
 
 def record(path: str | Path, traces: dict[str, dict], force: bool = False) -> dict:
     """Record ``{case_id: production trace}`` as baseline ``path`` (all cases or nothing) -> its stamp."""
-    from harness import goldens
-    from harness.production.goldens import goldens_gpu
+    from harness.goldens import store
+    from harness.goldens import production as production_goldens
 
     from harness.atomic import atomic_write_dir
 
     target = Path(path)
     check_record_target(target, force)
-    stamp = {"platform": goldens_gpu.platform(), "recorded_with": goldens_gpu.recorded_with(),
-             "cases": list(traces), "harness": goldens.HARNESS_VERSION,
+    stamp = {"platform": production_goldens.platform(), "recorded_with": production_goldens.recorded_with(),
+             "cases": list(traces), "harness": store.HARNESS_VERSION,
              "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     def fill(tmp: Path) -> None:
-        goldens_gpu.record_set(traces, tmp, manifest_extra={STAMP: stamp})
+        production_goldens.record_set(traces, tmp, manifest_extra={STAMP: stamp})
         _fsync_tree(tmp)
 
     # the project's one directory writer: a temp directory beside the target, swapped in by two

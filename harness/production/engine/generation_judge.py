@@ -17,13 +17,14 @@ import traceback
 
 from harness.atomic import atomic_write_json
 from harness.exitcodes import first_line
-from harness.production.engine.cases import EngineCase
+from harness.case_specs import EngineCase
 from harness.production.engine.graph_regimes import measure as measure_graph_regimes
 from harness.production.engine.graph_regimes import MARK as GRAPH_REGIME_MARK
 from harness.production.engine.graph_regimes import problems as graph_regime_problems
 from harness.production.engine.graph_regimes import table as graph_regime_table
-from harness.production.engine.replay import (DraftCall, component_errors, expects_logits, judge_tokens, load_recording,
-                                              replay, run_facts, save_recording)
+from harness.production.engine.draft_replay import (DraftCall, component_errors, expects_logits, judge_tokens,
+                                                    replay, run_facts)
+from harness.production.engine.recording import load_recording, save_recording
 from harness.production.engine.session import build_session, engine_inputs, prompts_for
 from harness.production.engine.taps import DrafterTap, TargetTap, graph_replay_counts
 from harness.verdict import Verdict
@@ -39,7 +40,7 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
     ``generated``, the output tokens per prompt, says when each request finished),
     ``mismatch_examples``, ``replay_errors``, ``components``, ``tap_errors``."""
     import reference as R
-    from harness.production.verdict.tolerances import tolerances_for
+    from harness.production.judging.tolerances import tolerances_for
 
     from harness.production.engine import bookkeeping
 
@@ -53,7 +54,8 @@ def judge_run(cfg, weights, recorded: list[DraftCall], proposals: list[dict], ta
             f"qsl={c.query_start_loc.tolist()[:9]} keys={c.request_keys.tolist()} pos[{span}] "
             f"seq_lens={None if c.seq_lens is None else c.seq_lens.tolist()} last_token_indices={lti} "
             f"sample_rows={None if c.sample_rows is None else c.sample_rows.tolist()} "
-            f"tokens={None if c.tokens is None else c.tokens.tolist()} topk={'yes' if c.topk_rows is not None else 'no'}")
+            f"tokens={None if c.tokens is None else c.tokens.tolist()} "
+            f"topk={'yes' if c.topk_rows is not None else 'no'}")
     book = (bookkeeping.check(calls, targets, multi_module=multi_module, num_layers=cfg.num_mtp_layers,
                               max_model_len=max_model_len, prompts=prompts,
                               output_lens=[len(g) for g in generated] if generated is not None else None)
@@ -150,7 +152,7 @@ def verdict_problems(rep: dict) -> list[str]:
         p.append("no draft token was compared")
     for key in ("not_replayed", "calls_without_logits", "unmatched_sample_rows",
                 "tap_errors", "proposal_token_disagreements",
-                # the replay's model of the proposer (engine_replay's module doc) does not hold
+                # the replay's model of the proposer (draft_replay's module doc) does not hold
                 "sampled_row_not_last_token_index", "seq_len_disagreements", "step0_without_last_token_indices"):
         if c.get(key):
             p.append(f"{key}: {c[key]}")
@@ -413,7 +415,7 @@ def _read_recording(stem: str):
         return calls, proposals, doc, meta, case_from_dict(meta["case"])
     except CLIError:
         raise
-    except Exception as exc:  # noqa: BLE001 - json, safetensors (SafetensorError is no OSError), keys
+    except Exception as exc:  # json, safetensors (SafetensorError is no OSError), keys
         raise CLIError(f"{stem}.json / .safetensors: not a readable engine recording: "
                        f"{exc.__class__.__name__}: {first_line(exc)}") from exc
 

@@ -1,5 +1,5 @@
 """Reference goldens of the named cases: the reference's ``GoldenKind`` (how its trace is stored
-and judged) and the no-GPU job that checks every case through ``goldens.check``."""
+and judged) and the no-GPU job that checks every case through ``store.check``."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from pathlib import Path
 
 from reference import EXACT, draft, flatten
 
-from . import goldens
-from .cases import GOLDEN_CASES, get_case
-from .compare import VS_GOLDEN_REFERENCE, Report, compare_traces
+from harness import case_registry
+from harness.goldens import store
+from harness.trace_compare import VS_GOLDEN_REFERENCE, Report, compare_traces
 
 KIND = "reference"
 
 
 def reference_trace(case_id: str) -> dict:
-    case = get_case(case_id)
+    case = case_registry.spec(case_id, kind="reference")
     result = draft(case.config(), case.weights(), case.first_step(), case.steps, EXACT)
     return flatten(result)
 
@@ -32,20 +32,20 @@ def _judge(case_id: str, now: dict, stored: dict, entry: dict, root: Path) -> Re
 
 
 def _entry(case_id: str, trace: dict) -> dict:
-    case = get_case(case_id)
+    case = case_registry.spec(case_id, kind="reference")
     return {"case": case_id, "preset": case.preset, "overrides": [list(kv) for kv in case.overrides],
             "seed": case.seed, "requests": case.requests, "tokens": case.tokens, "steps": case.steps,
             "dtype": "float64", "tolerance": {"atol": VS_GOLDEN_REFERENCE.atol, "rtol": VS_GOLDEN_REFERENCE.rtol}}
 
 
 # stored as traced (goldens' own compact typing of e4m3 values applies); every golden applies
-REFERENCE = goldens.GoldenKind(KIND, encode=lambda case_id, trace: dict(trace), entry=_entry, judge=_judge)
+REFERENCE = store.GoldenKind(KIND, encode=lambda case_id, trace: dict(trace), entry=_entry, judge=_judge)
 
 
-def check_case(case_id: str, *, root=None, regen: bool = False) -> goldens.Checked:
-    """The reference's trace of ``case_id`` now through ``goldens.check`` (GoldenError if no golden;
+def check_case(case_id: str, *, root=None, regen: bool = False) -> store.Checked:
+    """The reference's trace of ``case_id`` now through ``store.check`` (GoldenError if no golden;
     ``regen``: written as the golden, on purpose)."""
-    return goldens.check(REFERENCE, case_id, reference_trace(case_id), root=root, regen=regen)
+    return store.check(REFERENCE, case_id, reference_trace(case_id), root=root, regen=regen)
 
 
 def check_reference_goldens(verbose: bool = False, report: str | None = None) -> int:
@@ -53,14 +53,14 @@ def check_reference_goldens(verbose: bool = False, report: str | None = None) ->
     golden, both paths printed), else 125 when a golden is missing or corrupt (no verdict on that
     case: ``harness.exitcodes``). ``report``: the judged cases' reports as one JSON file
     (``harness.report``, as ``compare --report`` writes them)."""
-    from .exitcodes import EXIT_CANNOT_JUDGE, worst
+    from harness.exitcodes import EXIT_CANNOT_JUDGE, worst
 
     status = 0
     reports = {}
-    for cid in GOLDEN_CASES:
+    for cid in case_registry.ids(role="golden", kind="reference"):
         try:
             checked = check_case(cid)
-        except goldens.GoldenError as exc:
+        except store.GoldenError as exc:
             print(f"cannot judge {cid}: {exc}")
             status = worst([status, EXIT_CANNOT_JUDGE])
             continue
@@ -75,6 +75,6 @@ def check_reference_goldens(verbose: bool = False, report: str | None = None) ->
         status = worst([status, 0 if ok else 1])
         reports[cid] = rep
     if report:
-        from .report import save_report
+        from harness.report import save_report
         save_report(report, reports, {"job": "reference vs goldens (no GPU)"})
     return status

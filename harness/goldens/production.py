@@ -8,40 +8,38 @@ judged on every vLLM version of it; on another platform there is no golden to
 judge, and the callers say so ("NOT JUDGED"), never "ok". A host baseline
 (``baseline.py``, ``bisect-check --record-baseline DIR``) is the same thing
 under another root, recorded by the user at a known-good vLLM. Both are judged through the one
-golden entry, ``goldens.check(PRODUCTION, case_id, prod, root=...)``: on a mismatch the obtained
+golden entry, ``store.check(PRODUCTION, case_id, prod, root=...)``: on a mismatch the obtained
 trace is written beside the golden (``<case>.obtained.safetensors``) and a line names both files.
 
-    python -m harness.production.goldens_gpu record [--root DIR] [--case ID ...]   # 0: every case recorded
-    python -m harness.production.goldens_gpu check [--root DIR] [--case ID ...]    # 0 / 1 / 125 (not judged)
-    python -m harness.production.goldens_gpu list [--root DIR]                     # CPU: each golden's platform
+    python -m harness goldens record [--root DIR] [--case ID ...]   # 0: every case recorded
+    python -m harness goldens check [--root DIR] [--case ID ...]    # 0 / 1 / 125 (not judged)
+    python -m harness goldens list [--root DIR]                     # CPU: each golden's platform
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-from harness import goldens
-from harness.compare import (INDEX_COMPONENTS, ComponentResult, Report, Tolerance, compare_traces,
+from harness.goldens import store
+from harness.trace_compare import (INDEX_COMPONENTS, ComponentResult, Report, Tolerance, compare_traces,
                              index_rows_differing)
 from harness.components import PRODUCTION_COMPONENTS
 from harness.case_registry import ids as case_ids
-from harness.production.goldens import platform_key
-from harness.production.verdict.judge import derive_indexer
-from harness.production.verdict.tolerances import GPU_VS_REFERENCE
+from harness.goldens import platform_key
+from harness.production.judging.trace_judge import derive_indexer
+from harness.production.judging.tolerances import GPU_VS_REFERENCE
 
 KIND = "production"
-# the production goldens' cases (harness.case_registry: role golden, kind module), the same set as
-# the default bisect's side-by-side cases (role bisect: tests/cpu/test_case_registry.py)
-GOLDEN_CASES = case_ids(role="golden", kind="module")
+# The production goldens' cases are ``case_ids(role="golden", kind="module")`` (the same set as the
+# default bisect's side-by-side cases, role bisect: tests/cpu/test_case_registry.py).
 # Every component the side by side compares (the registry's PRODUCTION_COMPONENTS), so
 # the first divergent component of a golden check names the cause (a k_norm LayerNorm no longer in
 # fp32 surfaced only at attn.core when indexer.k was not stored). The indexer's
 # q_scale / q_deq / head_weights are derived from the captured q_fp8, indexer.kw and folded
-# weights exactly as the side by side derives them (harness.production.verdict.judge.derive_indexer).
+# weights exactly as the side by side derives them (harness.production.judging.trace_judge.derive_indexer).
 STORED = PRODUCTION_COMPONENTS
 # Steps with more rows than this store an evenly spaced subset of their per-token rows (each
 # request's first and last row included; ``step{k}.golden_rows``): a kept row costs ~15 kB
@@ -70,20 +68,18 @@ TIGHT = {
 # 16 of the operand's 24 bits, an error up to 2^-16 of sum |w x| per logit. A golden of one
 # platform must accept either (which one runs depends on the batch and the release, not on a
 # bug), so router logits, and the top-k weights derived from them, are judged at 2^-16 of the
-# step's largest |value|: ~50x the bf16x3 change measured between two vLLM releases on one GPU,
-# and 2^-7 below a bf16 rounding of the logits or of the router weights, which still fail.
+# step's largest |value|: well above the bf16x3 change between two vLLM releases on one GPU
+# (benchmarks/NOTES.md), and 2^-7 below a bf16 rounding of the logits or of the router weights, which still fail.
 ROUTER_GEMM = ("moe.router_logits", "moe.topk_weights")
 ROUTER_GEMM_RTOL = 2.0**-16
 ROUTER_GEMM_WHY = ("fp32 router GEMM as vLLM's SM90 path runs it: F.linear or bf16x3 (16 operand bits per "
                    "product): 2^-16 of the step's largest |value|")
 
 
-# Measured (vLLM 0.33.0, torch 2.11+cu130): two runs of tiny-k2-long on one GPU
-# differ in a few of 317 step-0 rows (1 to 4 rows), all queries with a context
-# longer than index_topk:
-# attn.core by one bf16 ulp, propagated through that row's o_proj, router
-# logits and MLP, with equal top-k sets. The likely cause is the order in which
-# FlashMLA sparse sums the selected keys (the top-k kernel's output order is not
+# Two runs of one case on one GPU differ in a few rows, all queries with a context longer than
+# index_topk: attn.core by one bf16 ulp, propagated through that row's o_proj, router logits and
+# MLP, with equal top-k sets (the figures: benchmarks/NOTES.md). The likely cause is the order in
+# which FlashMLA sparse sums the selected keys (the top-k kernel's output order is not
 # run-to-run stable). Such "order-variant" rows (position + 1 > index_topk) are
 # therefore judged at the reference tolerance (GPU_VS_REFERENCE), and a routing
 # or token flip there is reported, not failed; every other row keeps the tight
@@ -165,7 +161,7 @@ def _encode(case_id: str, prod: dict) -> dict:
         n = _n_tokens(prod, step)
         if comp == "indexer.q_deq":
             q8 = prod.get(f"{step}.{Q_FP8}")
-            if q8 is not None:  # the e4m3 values; goldens.write stores them in 1 byte
+            if q8 is not None:  # the e4m3 values; store.write stores them in 1 byte
                 out[f"{step}.{Q_FP8}"] = _take(q8.detach().cpu(), rows.get(step), n)
                 continue
         v = _take(v, rows.get(step), n).contiguous()
@@ -197,9 +193,9 @@ def _decode(stored: dict) -> tuple[dict, dict]:
     return view, rows
 
 
-def stored_components(case_id: str, root: Path = goldens.ROOT) -> list[str]:
+def stored_components(case_id: str, root: Path = store.ROOT) -> list[str]:
     """The components a recorded golden holds (after decoding), in dataflow order, without steps."""
-    view, _ = _decode(goldens.load(KIND, case_id, root)[0])
+    view, _ = _decode(store.load(KIND, case_id, root)[0])
     have = {_step_comp(k)[1] for k in view}
     return [c for c in STORED if c in have]
 
@@ -228,18 +224,18 @@ def _golden(case_id: str, prod: dict, key: dict, vllm: dict) -> tuple[dict, dict
                       "router_gemm": {"components": list(ROUTER_GEMM), "of_largest_abs": ROUTER_GEMM_RTOL}}}
 
 
-def record_set(traces: dict[str, dict], root: Path = goldens.ROOT, manifest_extra: dict | None = None) -> list[Path]:
+def record_set(traces: dict[str, dict], root: Path = store.ROOT, manifest_extra: dict | None = None) -> list[Path]:
     """Record the goldens of ``{case_id: production trace}`` under ``root``, stamped with this
     platform's key and vLLM: every tensor encoded before anything is written, the manifest last
-    (``goldens.write_set``). One case on purpose: ``goldens.check(PRODUCTION, ..., regen=True)``."""
+    (``store.write_set``). One case on purpose: ``store.check(PRODUCTION, ..., regen=True)``."""
     key, vllm = platform(), recorded_with()
     cases = {cid: _golden(cid, prod, key, vllm) for cid, prod in traces.items()}
-    return goldens.write_set(KIND, cases, root, manifest_extra)
+    return store.write_set(KIND, cases, root, manifest_extra)
 
 
-def absent_reason(case_id: str, root: Path = goldens.ROOT) -> str | None:
+def absent_reason(case_id: str, root: Path = store.ROOT) -> str | None:
     """Why ``case_id`` has no golden to judge under ``root`` on this platform, or None when it has."""
-    entry = goldens.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
+    entry = store.read_manifest(root)["cases"].get(f"{KIND}/{case_id}")
     if entry is None:
         return f"no golden of this case in {root}"
     now = platform()
@@ -301,14 +297,14 @@ def _judge(case_id: str, prod: dict, tensors: dict, entry: dict, root: Path) -> 
     report.meta.update(case=case_id, kind=KIND, root=str(root), recorded_with=_recorded_with(entry))
     if predates:
         report.meta["stale"] = (f"golden recorded before {', '.join(predates)} was stored: re-record "
-                                f"(python -m harness.production.goldens_gpu record); those are not judged")
+                                f"(python -m harness goldens record); those are not judged")
     return report
 
 
-# production goldens through the one entry, ``goldens.check(PRODUCTION, case_id, prod, root=...)``:
+# production goldens through the one entry, ``store.check(PRODUCTION, case_id, prod, root=...)``:
 # a golden applies only on the platform it was recorded on (``absent_reason``); the platform and
 # vLLM are looked up when a golden is written (tests replace ``platform`` / ``recorded_with``)
-PRODUCTION = goldens.GoldenKind(
+PRODUCTION = store.GoldenKind(
     KIND, encode=lambda case_id, prod: _encode(case_id, prod),
     entry=lambda case_id, prod: _golden(case_id, prod, platform(), recorded_with())[1],
     judge=lambda *a: _judge(*a), absent=lambda case_id, root: absent_reason(case_id, root))
@@ -316,12 +312,12 @@ PRODUCTION = goldens.GoldenKind(
 
 def judge_golden(label: str, case_id: str, prod: dict, root, table: bool = False) -> tuple[object, int, list[dict]]:
     """``case_id``'s production trace against its golden under ``root`` (the checked-in goldens, or
-    a host baseline) through ``goldens.check``, its lines printed (``table``: the report's table
+    a host baseline) through ``store.check``, its lines printed (``table``: the report's table
     first) -> (report or None, EXIT_OK / EXIT_MISMATCH of what was judged, the parts not judged:
     [{"part", "reason"}]). On a mismatch the obtained trace lies beside the golden; a line names both."""
     from harness.exitcodes import EXIT_MISMATCH, EXIT_OK
 
-    checked = goldens.check(PRODUCTION, case_id, prod, root=root)
+    checked = store.check(PRODUCTION, case_id, prod, root=root)
     golden = checked.report
     if golden is None:
         why = checked.absent or "no golden"
@@ -352,19 +348,21 @@ def _recorded_with(entry: dict) -> dict:
 
 
 def _config(case_id: str):
-    """The case's MTPConfig (None for a case id unknown to side_by_side.GPU_CASES)."""
+    """The case's MTPConfig (None for a case id unknown among the registry's single-GPU module cases)."""
     import reference as R
 
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    case = GPU_CASES.get(case_id)
+    case = gpu_cases.get(case_id)
     return None if case is None else R.MTPConfig.from_hf_dict(case.hf_config())
 
 
 def _index_topk(case_id: str) -> int | None:
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    case = GPU_CASES.get(case_id)
+    case = gpu_cases.get(case_id)
     return None if case is None else case.hf_config().get("index_topk")
 
 
@@ -418,9 +416,9 @@ def not_judged_line(label: str, case_id: str, reason: str) -> str:
     return f"NOT JUDGED: {label} {case_id} ({reason})"
 
 
-def list_goldens(root: Path = goldens.ROOT) -> list[str]:
+def list_goldens(root: Path = store.ROOT) -> list[str]:
     """One line per production golden under ``root``: its platform key and the vLLM it was recorded with."""
-    cases = goldens.read_manifest(root)["cases"]
+    cases = store.read_manifest(root)["cases"]
     return [f"{key}: platform {platform_key.describe(platform_key.key_of(e.get('platform') or {}))}; "
             f"recorded with {platform_key.describe_vllm(_recorded_with(e))}"
             for key, e in sorted(cases.items()) if key.startswith(KIND + "/")]
@@ -431,11 +429,12 @@ def main(argv=None) -> int:
     golden for this platform, never 0)."""
     from harness.exitcodes import OneLineParser, run_guarded
 
-    ap = OneLineParser(prog="python -m harness.production.goldens_gpu", description=__doc__,
+    ap = OneLineParser(prog="python -m harness goldens", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=("record", "check", "list"))
-    ap.add_argument("--case", action="append", help=f"case id (default: {', '.join(GOLDEN_CASES)})")
-    ap.add_argument("--root", default=str(goldens.ROOT), help="goldens directory (default: the checked-in goldens/)")
+    ap.add_argument("--case", action="append",
+                    help=f"case id (default: {', '.join(case_ids(role='golden', kind='module'))})")
+    ap.add_argument("--root", default=str(store.ROOT), help="goldens directory (default: the checked-in goldens/)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     args = ap.parse_args(argv)
     return run_guarded(_command, args, debug=args.debug)
@@ -444,20 +443,21 @@ def main(argv=None) -> int:
 def _command(args) -> int:
     from harness.ci_env import ci_is_set
     from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CLIError, first_line, worst
-    from harness.production.cases import GPU_CASES
+    from harness import case_registry
+    gpu_cases = case_registry.specs(kind="module", without="probe")
     from harness.production.can_run import cannot_run_production_reason
 
     root = Path(args.root)
-    ids = args.case or list(GOLDEN_CASES)
-    unknown = [c for c in ids if c not in GPU_CASES]
+    ids = args.case or list(case_ids(role="golden", kind="module"))
+    unknown = [c for c in ids if c not in gpu_cases]
     if unknown:
         from harness.exitcodes import listed
-        raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: {listed(GPU_CASES, 40)}")
+        raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: {listed(gpu_cases, 40)}")
     if args.action == "list":
         for line in list_goldens(root) or [f"no production goldens in {root}"]:
             print(line)
         return EXIT_OK
-    checked_in = root.resolve() == goldens.ROOT.resolve()
+    checked_in = root.resolve() == store.ROOT.resolve()
     if args.action == "record" and checked_in and ci_is_set():
         raise CLIError(f"record into {root} is refused when CI is set: the checked-in goldens are "
                        "re-recorded on purpose, by a person (or give --root DIR)")
@@ -471,7 +471,7 @@ def _command(args) -> int:
         traces = {}
         for cid in ids:
             try:
-                traces[cid] = run_case(GPU_CASES[cid]).trace
+                traces[cid] = run_case(gpu_cases[cid]).trace
             except Exception as exc:  # noqa: BLE001 - one line, nothing written
                 print(f"cannot judge: production run of {cid} failed, nothing recorded: "
                       f"{exc.__class__.__name__}: {first_line(exc)}")
@@ -484,10 +484,7 @@ def _command(args) -> int:
         return EXIT_OK
     status = EXIT_OK
     for cid in ids:
-        _, code, not_judged = judge_golden("golden", cid, run_case(GPU_CASES[cid]).trace, root, table=True)
+        _, code, not_judged = judge_golden("golden", cid, run_case(gpu_cases[cid]).trace, root, table=True)
         status = worst([status, code, *(EXIT_CANNOT_JUDGE for _ in not_judged)])
     return status
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The commands of ``python -m harness`` that keep an argument parser of their own (``harness.cli``
+lists them and hands them everything after their name, before the rest of the CLI runs):
+
+    engine, goldens, side-by-side, speculator-mutants, fp8-emulation, kv-fp8-emulation,
+    ci timeline | schedule | prefetch, autobisect-step
+
+``python -m harness NAME --help`` is the command's own help; its exit codes are its own (the
+contract of ``harness.exitcodes``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from harness.ci_speed.jit_cache import apply_jit_cache  # cheap: no torch, vLLM or transformers
+from harness.exitcodes import EXIT_OK, EXIT_USAGE, printable
+
+
+# Each runner imports its module when it runs, never before: the CLI's start-up imports no torch
+# or vLLM, and the engine checks its arguments before it imports them.
+def _run_engine(argv: list[str]) -> int:
+    apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported
+    from harness.commands.engine import main as engine_main  # torch and vLLM only once its arguments are checked
+
+    return engine_main(argv)
+
+
+def _run_goldens(argv: list[str]) -> int:
+    apply_jit_cache()  # $HYV4_JIT_CACHE, before torch and vLLM are imported
+    from harness.goldens.production import main as goldens_main  # imports torch
+
+    return goldens_main(argv)
+
+
+def _run_side_by_side(argv: list[str]) -> int:
+    apply_jit_cache()  # $HYV4_JIT_CACHE, before torch and vLLM are imported
+    from harness.production.module.side_by_side import main as side_by_side_main  # imports torch
+
+    return side_by_side_main(argv)
+
+
+def _run_speculator_mutants(argv: list[str]) -> int:
+    from harness.production.engine.speculator_mutants import main as speculator_mutants_main
+
+    return speculator_mutants_main(argv)
+
+
+def _run_fp8_emulation(argv: list[str]) -> int:
+    from harness.production.judging.fp8_emulation import main as fp8_emulation_main  # imports torch
+
+    return fp8_emulation_main(argv)
+
+
+def _run_kv_fp8_emulation(argv: list[str]) -> int:
+    from harness.production.judging.kv_fp8_emulation import main as kv_fp8_emulation_main
+
+    return kv_fp8_emulation_main(argv)
+
+
+def _run_autobisect_step(argv: list[str]) -> int:
+    from harness.commands.autobisect import step_main
+
+    return step_main(argv)
+
+
+def _run_ci_timeline(argv: list[str]) -> int:
+    from harness.ci_speed.pytest_timeline import main as timeline_main
+
+    return timeline_main(argv)
+
+
+def _run_ci_schedule(argv: list[str]) -> int:
+    from harness.ci_speed.xdist_schedule import main as schedule_main
+
+    return schedule_main(argv)
+
+
+def _run_ci_prefetch(argv: list[str]) -> int:
+    from harness.ci_speed.model_info_prefetch import inspect_main
+
+    return inspect_main(argv)
+
+
+# ``python -m harness ci VERB``: the CI-speed machinery's own commands (harness/ci_speed/README.md)
+CI_VERBS = {
+    "timeline": (_run_ci_timeline, "DIR: where each process of a pytest run recorded with $HYV4_TIMELINE=DIR "
+                                   "spent its wall time"),
+    "schedule": (_run_ci_schedule, "JUNIT.xml DEST.json 'which run': record a GPU tier's test durations for "
+                                   "the xdist schedule (tests/gpu/durations.json)"),
+    "prefetch": (_run_ci_prefetch, "KEY: vLLM's model-class inspection, the background process a GPU command "
+                                   "starts (not run by hand)"),
+}
+
+
+def _run_ci(argv: list[str]) -> int:
+    usage = "usage: python -m harness ci {" + ",".join(CI_VERBS) + "} ..."
+    if argv[:1] in (["-h"], ["--help"]):
+        print("\n".join([usage, ""] + [f"  {verb} {what}" for verb, (_, what) in CI_VERBS.items()]))
+        return EXIT_OK
+    if not argv or argv[0] not in CI_VERBS:
+        got = f"unknown command {argv[0]!r}" if argv else "a command is required"
+        print(printable(f"error: python -m harness ci: {got}; choose from {', '.join(CI_VERBS)}"), file=sys.stderr)
+        return EXIT_USAGE
+    runner, what = CI_VERBS[argv[0]]
+    if argv[1:] in (["-h"], ["--help"]):  # these take positional arguments only: their usage line
+        print(f"usage: python -m harness ci {argv[0]} {what}")
+        return EXIT_OK
+    return runner(argv[1:])
+
+
+TOOLS = {
+    "engine": (_run_engine, "vLLM's own MTP speculator (vllm.LLM), one engine case per process: every draft "
+                            "forward recorded and replayed by the reference (0/1/2/125); --rejudge on CPU"),
+    "goldens": (_run_goldens, "production goldens of this platform: list, record, check (0/1/2/125)"),
+    "side-by-side": (_run_side_by_side, "the side-by-side cases by set (--fp8, --modelopt, --compressed-tensors, "
+                                        "--reload), traces saved; --rejudge on CPU (0/1/125)"),
+    "speculator-mutants": (_run_speculator_mutants, "the planted speculator bugs, each through bisect-check "
+                                                    "on its engine case, plus controls (0 all caught, 1, 125)"),
+    "fp8-emulation": (_run_fp8_emulation, "CPU: emulate vLLM's block-FP8 path to estimate the FP8 tolerances"),
+    "kv-fp8-emulation": (_run_kv_fp8_emulation, "CPU: emulate an FP8 KV cache to estimate its tolerances"),
+    "ci": (_run_ci, "the CI-speed tools: timeline DIR | schedule JUNIT DEST WHICH | prefetch KEY"),
+    "autobisect-step": (_run_autobisect_step, "one step of autobisect, as `git bisect run` runs it "
+                                              "(--step CONFIG; started by autobisect)"),
+}
+
+
+def tool_call(argv: list[str]) -> tuple | None:
+    """(runner, its arguments) when ``argv`` names one of ``TOOLS`` (after the global ``--debug``,
+    which is handed on to it), else None."""
+    lead = 0
+    while lead < len(argv) and argv[lead] == "--debug":
+        lead += 1
+    if lead < len(argv) and argv[lead] in TOOLS:
+        return TOOLS[argv[lead]][0], argv[:lead] + argv[lead + 1:]
+    return None

@@ -1,0 +1,93 @@
+"""One command line: every command is a subcommand of ``python -m harness`` (``harness.cli``) and of
+the console script ``hyv4-harness`` (``[project.scripts]``, the same function); each answers
+``--help`` with exit 0; no module under ``harness/`` keeps a ``__main__`` block or a ``__main__.py``
+of its own (``harness/__main__.py`` is the one entry point)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.commands import passthrough
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _subcommands() -> list[str]:
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def test_the_commands_with_their_own_parser_are_listed():
+    names = _subcommands()
+    for name in ("engine", "goldens", "side-by-side", "speculator-mutants", "fp8-emulation", "kv-fp8-emulation",
+                 "ci", "autobisect-step"):
+        assert name in names and name in cli.TOOLS, name
+    assert set(passthrough.CI_VERBS) == {"timeline", "schedule", "prefetch"}
+
+
+@pytest.mark.parametrize("argv", [[name] for name in _subcommands()] + [["ci", verb] for verb in passthrough.CI_VERBS])
+def test_every_subcommand_answers_help_with_exit_0(argv, capsys, monkeypatch):
+    """In process (one torch import for all): what ``python -m harness ARGV --help`` runs."""
+    from harness.ci_speed.jit_cache import JIT_CACHE_ENV
+
+    monkeypatch.delenv(JIT_CACHE_ENV, raising=False)  # the JIT cache root is not this test's
+    try:
+        code = cli.main([*argv, "--help"])
+    except SystemExit as exc:  # argparse's --help
+        code = exc.code
+    out = capsys.readouterr().out
+    assert code in (0, None), (argv, out)
+    assert "usage:" in out and "python -m harness " + argv[0] in out, out[:300]
+
+
+def test_python_m_harness_help_lists_every_command():
+    r = subprocess.run([sys.executable, "-m", "harness", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    for name in _subcommands():
+        assert name in r.stdout, name
+
+
+def test_an_unknown_ci_command_is_one_line_and_2(capsys):
+    assert cli.main(["ci", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: python -m harness ci: unknown command 'nope'"), err
+
+
+def _main_blocks(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            consts = {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)}
+            if "__name__" in names and "__main__" in consts:
+                return True
+    return False
+
+
+def test_no_module_but_harness_main_is_an_entry_point():
+    main_files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness").rglob("__main__.py"))
+    assert main_files == ["harness/__main__.py"], main_files
+    blocks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness").rglob("*.py") if _main_blocks(p))
+    assert not blocks, f"route these through harness/cli.py instead of `if __name__ == '__main__'`: {blocks}"
+    assert _main_blocks(ROOT / "tools" / "gen-cli-doc.py")  # the scan finds a block where there is one
+
+
+def test_the_console_script_is_what_python_m_harness_runs():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"hyv4-harness": "harness.cli:main"}
+    module, _, func = scripts["hyv4-harness"].partition(":")
+    assert module == cli.__name__ and callable(getattr(cli, func))
+    # harness/__main__.py calls that same function: `from .cli import main` ... `main()`
+    tree = ast.parse((ROOT / "harness" / "__main__.py").read_text())
+    imported = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
+    assert ("cli", "main") in imported
+    assert any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "main" for n in ast.walk(tree))
