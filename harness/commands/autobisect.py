@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, CLIError
+from harness.exitcodes import EXIT_CANNOT_JUDGE, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, CLIError, OneLineParser
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "tools" / "vllm-overlay.sh"
@@ -303,9 +303,7 @@ def run_step(cfg: dict) -> int:
 
 
 def step_main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m harness autobisect-step")
+    ap = OneLineParser(prog="python -m harness autobisect-step")
     ap.add_argument("--step", required=True, metavar="CONFIG")
     a = ap.parse_args(argv)
     try:

@@ -91,3 +91,22 @@ def test_the_console_script_is_what_python_m_harness_runs():
     imported = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
     assert ("cli", "main") in imported
     assert any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "main" for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize("argv", [["side-by-side", "--case", "nope"],
+                                  ["side-by-side", "--rejudge", "/nowhere", "--case", "nope"],
+                                  ["fp8-emulation", "--case", "nope"], ["kv-fp8-emulation", "--case", "nope"],
+                                  ["fp8-emulation", "--extra-seeds", "-1"], ["engine", "--case", "nope"]])
+def test_an_unknown_case_is_one_line_and_2_before_anything_runs(argv, capsys, monkeypatch):
+    """Bad input is checked first, on any machine: not 'cannot judge: no CUDA device' (125) and not a
+    KeyError traceback (1), as side-by-side and the emulations gave before."""
+    from harness.ci_speed.jit_cache import JIT_CACHE_ENV
+
+    monkeypatch.delenv(JIT_CACHE_ENV, raising=False)
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, (argv, err)
+    assert len(err) == 1 and err[0].startswith(f"error: python -m harness {argv[0]}: "), err

@@ -321,10 +321,10 @@ def run_catalogue(names=None, *, report: str | None = None, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    import argparse
+    from harness.exitcodes import OneLineParser
 
-    ap = argparse.ArgumentParser(prog="python -m harness speculator-mutants",
-                                 description="planted speculator bugs through bisect-check (GPU host)")
+    ap = OneLineParser(prog="python -m harness speculator-mutants",
+                       description="planted speculator bugs through bisect-check (GPU host)")
     ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
     ap.add_argument("--report", default=None, metavar="R.json")
     args = ap.parse_args(argv)

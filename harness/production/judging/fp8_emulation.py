@@ -40,6 +40,8 @@ EXACT reference, which gives the max errors the FP8 tolerances start from.
 from __future__ import annotations
 
 import argparse
+
+from harness.exitcodes import OneLineParser
 import dataclasses
 import json
 
@@ -160,13 +162,18 @@ def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
 def main(argv=None) -> int:
     from harness import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
-    ap = argparse.ArgumentParser(prog="python -m harness fp8-emulation", description=__doc__,
+    ap = OneLineParser(prog="python -m harness fp8-emulation", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8 case)")
     ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 30, 31, ...")
     ap.add_argument("--json", help="write the per-quant, per-component numbers here")
     args = ap.parse_args(argv)
+    unknown = [c for c in (args.case or []) if c not in gpu_cases]
+    if unknown:  # bad input: one line, exit 2, before any case runs
+        ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join(gpu_cases)}")
+    if args.extra_seeds < 0:
+        ap.error(f"--extra-seeds {args.extra_seeds}: must be 0 or more")
     # the block-FP8 cases this emulation models (not compressed-tensors channel scales, not reloads)
     ids = args.case or [c.id for c in gpu_cases.values() if c.quant != "bf16" and c.reload_seed is None
                         and not c.quant.startswith("compressed-tensors")]

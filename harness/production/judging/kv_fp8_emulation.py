@@ -17,6 +17,8 @@ the starting point of ``harness.components.KV_CACHE_FP8_ATOL`` (2x the max |d|).
 from __future__ import annotations
 
 import argparse
+
+from harness.exitcodes import OneLineParser
 import dataclasses
 
 import reference as R
@@ -54,11 +56,16 @@ def main(argv=None) -> int:
     from harness import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
 
-    ap = argparse.ArgumentParser(prog="python -m harness kv-fp8-emulation", description=__doc__,
+    ap = OneLineParser(prog="python -m harness kv-fp8-emulation", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8-KV module case)")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 40, 41, ...")
     args = ap.parse_args(argv)
+    unknown = [c for c in (args.case or []) if c not in gpu_cases]
+    if unknown:  # bad input: one line, exit 2, before any case runs
+        ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join(gpu_cases)}")
+    if args.extra_seeds < 0:
+        ap.error(f"--extra-seeds {args.extra_seeds}: must be 0 or more")
     ids = args.case or [c.id for c in gpu_cases.values() if c.kv_cache_dtype != "auto"]
     agg: dict = {}
     for cid in ids:

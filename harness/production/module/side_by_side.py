@@ -23,6 +23,8 @@ May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case
 from __future__ import annotations
 
 import argparse
+
+from harness.exitcodes import OneLineParser
 import dataclasses
 import glob
 import json
@@ -279,7 +281,7 @@ def main(argv=None) -> int:
                               case_registry.specs(role="probe", kind="module"))
     fp8_ids, modelopt_ids, ct_ids, reload_ids = (case_registry.ids(role=r, kind="module")
                                                  for r in ("fp8", "modelopt", "compressed-tensors", "reload"))
-    ap = argparse.ArgumentParser(prog="python -m harness side-by-side", description=__doc__,
+    ap = OneLineParser(prog="python -m harness side-by-side", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(gpu_cases)})")
     ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(fp8_ids)})")
@@ -295,6 +297,9 @@ def main(argv=None) -> int:
                     "into DIR (writes rejudge.json into --out, default DIR)")
     args = ap.parse_args(argv)
     ids = list(args.case or [])
+    unknown = [c for c in ids if c not in gpu_cases and c not in probe_cases]
+    if unknown:  # bad input: said before the GPU question, on any machine (exit 2)
+        ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join([*gpu_cases, *probe_cases])}")
     if args.fp8:
         ids += [c for c in fp8_ids if c not in ids]
     if args.modelopt:
