@@ -34,3 +34,24 @@ def test_mutant_detected(name):
             f.write(json.dumps({k: v for k, v in rec.items() if k != "traceback"}, default=str) + "\n")
     assert rec["outcome"] != "not-applicable", f"{name}: {rec.get('error')}"
     assert rec["detected"], f"{name} missed: {rec}"
+
+
+@pytest.mark.parametrize("name", [m.name for m in M.GOLDEN_CATALOGUE])
+def test_golden_mutant_caught_against_a_host_baseline(name, tmp_path, capsys, monkeypatch):
+    """A golden-only planted bug (below the reference tolerance: only a golden or a baseline sees it)
+    must make bisect-check exit 1 against a baseline of its case recorded on this host first, and
+    must apply: a plant that applies to none of the cases is 125 (NOT JUDGED), never a pass. (On
+    vLLM 0.34.0 the drift test's run of this plant left every component bit-identical.)"""
+    from harness.cli import main
+
+    m = M.BY_NAME[name]
+    monkeypatch.delenv("HYV4_HISTORY", raising=False)
+    baseline = tmp_path / "baseline"
+    assert main(["bisect-check", "--case", m.case, "--record-baseline", str(baseline)]) == 0, \
+        capsys.readouterr().out[-3000:]
+    capsys.readouterr()
+    code = main(["bisect-check", "--case", m.case, "--baseline", str(baseline), "--plant", name])
+    out = capsys.readouterr().out
+    assert "plant not applicable" not in out, out[-3000:]
+    assert code == 1, out[-4000:]
+    assert "first divergent" in out and m.component in out, out[-4000:]
