@@ -275,12 +275,12 @@ def cmd_report(args) -> int:
 def cmd_bisect_check(args) -> int:
     """Side by side + goldens (or ``--baseline DIR``) for the default case set: 0 good, 1 bad,
     125 cannot judge (also: a golden part not judged, unless ``--allow-unjudged``);
-    ``--record-baseline DIR`` records the baseline instead (``harness.commands.baseline``)."""
-    from .commands import baseline, bisect_check
+    ``--record-baseline DIR`` records the baseline instead (``harness.commands.record_baseline``)."""
+    from .commands import bisect_check, record_baseline
     from .commands.history import with_history
 
     if args.record_baseline:
-        run, start_early = baseline.record_baseline_command, None
+        run, start_early = record_baseline.record_baseline_command, None
     else:
         run, start_early = bisect_check.bisect_command, bisect_check.start_early
     return with_history("bisect-check", args,

@@ -4,7 +4,7 @@
     compare.py   ``python -m harness compare`` (and what bisect-check shares with it: one case run here)
     bisect_check.py  ``python -m harness bisect-check``: the bisect's cases, engines beside the side by
                  side, goldens or a host baseline, the 0 / 1 / 125 verdict
-    baseline.py  ``bisect-check --record-baseline DIR``: this host's baseline at the good commit
+    record_baseline.py  ``bisect-check --record-baseline DIR``: this host's baseline at the good commit
     engine.py    ``python -m harness engine``: the engine path's command (its arguments
                  checked before torch or vLLM is imported), its verdict lines and reports
     history.py   ``python -m harness history`` (table, plots, drift, merge, ingest) and every

@@ -4,7 +4,7 @@ A small default set of cases (``bisect_case_ids``: vLLM's own speculator in engi
 ``harness.production.engine.process``, beside the side-by-side cases run in this process), each
 side-by-side case judged against the reference and against its production golden: the
 checked-in goldens of this platform, or with ``--baseline DIR`` a host baseline recorded at the
-good commit (``--record-baseline DIR``: ``baseline.py``) -> exit 0 (good) / 1 (mismatch) / 125
+good commit (``--record-baseline DIR``: ``record_baseline.py``) -> exit 0 (good) / 1 (mismatch) / 125
 (cannot judge: the production path does not build here, or a golden part could not be judged).
 
 No silent pass: a golden part that could not be judged (no golden for this platform, a case

@@ -3,7 +3,7 @@ preset:NAME with seeded weights, or a named GPU case; ``--tp N`` runs it on N GP
 against TP = 1) -> per-component table, optional JSON report; exit 0 / 1. An engine case id runs
 vLLM's own speculator end to end (``harness.production.engine.process``).
 
-Here also what ``bisect-check`` (``bisect_check.py``) and its baseline (``baseline.py``) share
+Here also what ``bisect-check`` (``bisect_check.py``) and its baseline (``record_baseline.py``) share
 with it: the case of a ``compare``, and one case run in this process with its failure as one line
 (``run_side_by_side``: a load failure is 1, any other crash 125).
 

@@ -259,7 +259,7 @@ def test_engines_start_before_the_host_checks_and_stop_when_they_fail(monkeypatc
 ])
 def test_the_command_gets_the_engines_started_early(argv, handed, tmp_path, monkeypatch):
     from harness import cli
-    from harness.commands import baseline
+    from harness.commands import record_baseline
     from harness.production import can_run
 
     started = _record_engine_starts(monkeypatch)
@@ -271,7 +271,7 @@ def test_the_command_gets_the_engines_started_early(argv, handed, tmp_path, monk
         got.append(None if started is None else [r.case_id for r in started])
         return 0
     monkeypatch.setattr(bisect_check, "bisect_command", bisect_command)
-    monkeypatch.setattr(baseline, "record_baseline_command", bisect_command)  # --record-baseline's command
+    monkeypatch.setattr(record_baseline, "record_baseline_command", bisect_command)  # --record-baseline's command
     assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 0
     assert got == [handed]
     assert len([cmd for cmd, _ in started if "--case" in cmd]) == len(handed or [])
