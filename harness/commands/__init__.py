@@ -14,5 +14,5 @@
 
 May import: ``reference``, ``harness`` (any layer), ``harness.production``, ``harness.mutants``.
 Every command is a subcommand of ``python -m harness`` (``harness.cli``); the one entry point is
-``harness/__main__.py`` (and the console script ``hyv4-harness``, ``harness.cli:main``).
+``harness/__main__.py`` (and the console script ``hyv4-harness``): ``harness.entry.run``.
 """

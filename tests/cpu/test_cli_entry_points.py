@@ -82,15 +82,28 @@ def test_no_module_but_harness_main_is_an_entry_point():
 
 
 def test_the_console_script_is_what_python_m_harness_runs():
+    """Both end the same way: ``harness.entry.run`` (cli.main, then exit_now: no teardown that could
+    replace the exit code or hold the GPU)."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"hyv4-harness": "harness.cli:main"}
+    assert scripts == {"hyv4-harness": "harness.entry:run"}
     module, _, func = scripts["hyv4-harness"].partition(":")
-    assert module == cli.__name__ and callable(getattr(cli, func))
-    # harness/__main__.py calls that same function: `from .cli import main` ... `main()`
+    from harness import entry
+
+    assert module == entry.__name__ and callable(getattr(entry, func))
     tree = ast.parse((ROOT / "harness" / "__main__.py").read_text())
     imported = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
-    assert ("cli", "main") in imported
-    assert any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "main" for n in ast.walk(tree))
+    assert ("entry", "run") in imported
+    assert any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "run" for n in ast.walk(tree))
+    src = (ROOT / "harness" / "entry.py").read_text()
+    assert "exit_now(code)" in src and "from .cli import main" in src
+
+
+def test_the_console_script_ends_with_the_commands_exit_code(tmp_path):
+    """What the installed script does, run the way a console-script wrapper runs it."""
+    code = ("import sys; sys.argv = ['hyv4-harness', 'report', '/nonexistent.json']; "
+            "from harness.entry import run; run()")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (r.returncode, r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("argv", [["side-by-side", "--case", "nope"],
