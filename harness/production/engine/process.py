@@ -26,7 +26,7 @@ from harness.process_clock import process_age_s
 from harness.production.can_run import THREAD_VARS, cpu_share
 from harness.production.engine.engine_env import engine_env
 
-# One engine process: ``python -m harness engine`` (harness/__main__.py ends it with
+# One engine process: ``python -m harness engine`` (harness.entry.run ends it with
 # ``harness.process_exit.exit_now`` once its report is written, skipping the in-process engine's
 # teardown); its arguments follow (``--case ID --out DIR`` ...)
 ENGINE_COMMAND = (sys.executable, "-m", "harness", "engine")
