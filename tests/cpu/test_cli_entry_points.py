@@ -123,3 +123,30 @@ def test_an_unknown_case_is_one_line_and_2_before_anything_runs(argv, capsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, (argv, err)
     assert len(err) == 1 and err[0].startswith(f"error: python -m harness {argv[0]}: "), err
+
+
+@pytest.mark.parametrize("summary, trace_keys, culprit", [
+    ('{"cases": [{"nocase": 1}]}', None, "cases[0] holds no case with an id"),
+    ('{"cases": 5}', None, "'cases' is not a list"),
+    ('[1]', None, "not a saved side-by-side summary"),
+    ('{"cases": [{"case": {"id": "tiny-k1", "naming": "bogus"}}]}', ["tiny-k1/step0.embed"],
+     "cases[0] (tiny-k1): module case 'tiny-k1': naming='bogus' is not one of"),
+    ('{"cases": [{"case": {"id": "tiny-k1", "nofield": 3}}]}', ["tiny-k1/step0.embed"],
+     "unexpected keyword argument 'nofield'"),
+    ('{"cases": []}', ["nokey"], "tensor 'nokey' is not named CASE/COMPONENT"),
+    ('{"cases": []}', "garbage", "not a safetensors file"),
+])
+def test_a_malformed_saved_run_given_to_rejudge_is_one_line_and_2(summary, trace_keys, culprit, tmp_path, capsys):
+    """side-by-side --rejudge DIR reads a saved run: a summary, a trace file or a case record this
+    harness cannot read is bad input named in one line (it raised KeyError / TypeError before)."""
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "side_by_side.json").write_text(summary)
+    if trace_keys == "garbage":
+        (tmp_path / "prod-traces-0.safetensors").write_text("garbage")
+    elif trace_keys:
+        save_file({k: torch.zeros(2) for k in trace_keys}, str(tmp_path / "prod-traces-0.safetensors"))
+    code = cli.main(["side-by-side", "--rejudge", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and culprit in err[0], (code, err)

@@ -222,7 +222,16 @@ def load_saved_traces(out_dir: str) -> dict[str, dict[str, torch.Tensor]]:
     traces: dict[str, dict] = {}
     for path in sorted(glob.glob(os.path.join(out_dir, "prod-traces-*.safetensors"))):
         # read whole, bounded, regular files only (a FIFO blocks, a truncated mmapped file is a SIGBUS)
-        for key, v in load_bytes(read_bytes(path, path, MAX_SAVED_TRACE_BYTES)).items():
+        try:
+            tensors = load_bytes(read_bytes(path, path, MAX_SAVED_TRACE_BYTES))
+        except Exception as exc:  # noqa: BLE001 - safetensors' parse errors have no common base: bad input
+            from harness.exitcodes import CLIError, first_line, printable
+            raise CLIError(f"{printable(path)}: not a safetensors file ({first_line(str(exc))[:160]})") from None
+        for key, v in tensors.items():
+            if "/" not in key:
+                from harness.exitcodes import CLIError, printable
+                raise CLIError(f"{printable(path)}: tensor {printable(key)[:80]!r} is not named CASE/COMPONENT: "
+                               "not a saved production trace")
             cid, k = key.split("/", 1)
             traces.setdefault(cid, {})[k] = v
     return traces
@@ -241,9 +250,19 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
     if not isinstance(summary, dict):
         from harness.exitcodes import CLIError
         raise CLIError(f"{os.path.join(in_dir, 'side_by_side.json')}: not a saved side-by-side summary")
+    from harness.exitcodes import CLIError, first_line, printable
+
+    where = os.path.join(in_dir, "side_by_side.json")
+    entries = summary.get("cases", [])
+    if not isinstance(entries, list):
+        raise CLIError(f"{printable(where)}: 'cases' is not a list: not a saved side-by-side summary")
+    for i, entry in enumerate(entries):  # each one checked before anything is judged
+        case_dict = entry.get("case") if isinstance(entry, dict) else None
+        if not isinstance(case_dict, dict) or not isinstance(case_dict.get("id"), str):
+            raise CLIError(f"{printable(where)}: cases[{i}] holds no case with an id: not a saved side-by-side summary")
     traces = load_saved_traces(in_dir)
     results, worst = [], 0
-    for entry in summary.get("cases", []):
+    for i, entry in enumerate(entries):
         cid = entry["case"]["id"]
         if case_ids and cid not in case_ids:
             continue
@@ -252,7 +271,11 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
             results.append({"case": entry["case"], "error": "no saved production trace"})
             worst = max(worst, 1)
             continue
-        case = _case_from_dict(entry["case"])
+        try:
+            case = _case_from_dict(entry["case"])
+        except (TypeError, ValueError) as exc:  # a field this harness does not know, or a value outside its set
+            raise CLIError(f"{printable(where)}: cases[{i}] ({printable(cid)[:60]}): "
+                           f"{first_line(str(exc))[:200]}") from None
         if case.reload_seed is not None:  # a reload case saves its second run's trace: set B's
             case = reload_set_b(case)
         info = {k: entry.get(k) for k in ("audit", "attach_notes", "step_notes", "fp8_kernels")
@@ -309,8 +332,9 @@ def main(argv=None) -> int:
     if args.reload:
         ids += [c for c in reload_ids if c not in ids]
     if args.rejudge:
-        code, _ = rejudge(args.rejudge, args.out, ids or None)
-        return code
+        from harness.exitcodes import run_guarded
+
+        return run_guarded(lambda: rejudge(args.rejudge, args.out, ids or None)[0])
     out = args.out or os.environ.get("OUT", "out")
     from harness.production.can_run import cannot_run_production_reason
     reason = cannot_run_production_reason()
