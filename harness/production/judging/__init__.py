@@ -1,4 +1,4 @@
-"""The verdicts (CPU, no vLLM): the reference replayed on production's per-step inputs, the
+"""The judges (CPU, no vLLM): the reference replayed on production's per-step inputs, the
 tolerances (from the registry), the side-by-side judge in named steps, and the CPU emulation of
 the FP8 production path the FP8 tolerances come from.
 
@@ -8,7 +8,7 @@ the FP8 production path the FP8 tolerances come from.
     fp8_numerics.py   the FP8 production numerics the judge replays FP8 cases with
     fp8_emulation.py  the FP8 production numerics on CPU; ``python -m harness fp8-emulation``
 
-May import: ``reference``, ``harness`` (``components``, ``compare``, ``regimes``, ``checkpoint``,
+May import: ``reference``, ``harness`` (``components``, ``trace_compare``, ``regimes``, ``checkpoint``,
 ``presets``, ``case_registry``), ``harness.production.case_inputs`` and ``harness.production.can_run``
 (where the reference replays); never vLLM, never another ``harness.production`` sub-package.
 """
