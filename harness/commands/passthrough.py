@@ -40,9 +40,33 @@ def _run_side_by_side(argv: list[str]) -> int:
 
 
 def _run_speculator_mutants(argv: list[str]) -> int:
-    from harness.production.engine.speculator_mutants import main as speculator_mutants_main
+    """The planted speculator bugs (``harness.production.engine.speculator_mutants``), each through
+    bisect-check on its engine case, plus pristine controls: 0 all caught and named first, 1, 125."""
+    from harness import input_checks as check
+    from harness.exitcodes import CLIError, OneLineParser
+    from harness.production.engine.speculator_mutants import MUTANTS, run_catalogue
 
-    return speculator_mutants_main(argv)
+    ap = OneLineParser(prog="python -m harness speculator-mutants",
+                       description="planted speculator bugs through bisect-check (GPU host)")
+    ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
+    ap.add_argument("--report", default=None, metavar="R.json")
+    args = ap.parse_args(argv)
+    if args.report is not None:
+        try:
+            check.output_file("--report", args.report)
+        except CLIError as exc:  # bad input: one line, exit 2, before the GPU question
+            ap.error(str(exc))
+    from harness.production.can_run import cannot_run_engine_reason
+
+    reason = cannot_run_engine_reason()
+    if reason:
+        print(f"cannot judge: {reason}")
+        return 125
+    doc = run_catalogue(args.mutant, report=args.report)
+    s = doc["summary"]
+    print(f"speculator mutants: {s['caught']}/{s['mutants']} caught (bisect-check exit 1), "
+          f"{s['named_first']}/{s['mutants']} named first; controls {'ok' if s['controls_ok'] else 'FAILED'}")
+    return 0 if s["caught"] == s["mutants"] and s["named_first"] == s["mutants"] and s["controls_ok"] else 1
 
 
 def _run_fp8_emulation(argv: list[str]) -> int:

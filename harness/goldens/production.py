@@ -453,6 +453,12 @@ def _command(args) -> int:
     if unknown:
         from harness.exitcodes import listed
         raise CLIError(f"--case: unknown case(s) {listed(unknown, 5)}; known: {listed(gpu_cases, 40)}")
+    from harness import input_checks as check
+
+    if args.action == "record":
+        check.output_dir("--root", args.root)  # written all or nothing, after every case ran
+    else:
+        check.input_dir("--root", args.root)  # listed or judged against: it must be there
     if args.action == "list":
         for line in list_goldens(root) or [f"no production goldens in {root}"]:
             print(line)

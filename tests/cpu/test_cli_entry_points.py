@@ -150,3 +150,27 @@ def test_a_malformed_saved_run_given_to_rejudge_is_one_line_and_2(summary, trace
     code = cli.main(["side-by-side", "--rejudge", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and culprit in err[0], (code, err)
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["goldens", "list", "--root", "{tmp}/nowhere"], "--root {tmp}/nowhere: no such directory"),
+    (["goldens", "check", "--root", "{tmp}/a-file"], "--root {tmp}/a-file: is a regular file"),
+    (["goldens", "record", "--root", "{tmp}/a-file/x"], "--root {tmp}/a-file/x: a folder on the path is a file"),
+    (["side-by-side", "--out", "{tmp}/a-file/x", "--case", "tiny-k1"], "--out {tmp}/a-file/x: a folder on the path"),
+    (["side-by-side", "--rejudge", "{tmp}/nowhere"], "--rejudge {tmp}/nowhere: no such directory"),
+    (["speculator-mutants", "--report", "{tmp}/a-file/r.json"], "--report {tmp}/a-file/r.json: a folder on the path"),
+    (["fp8-emulation", "--json", "{tmp}", "--case", "tiny-k2-fp8-split-long"], "--json {tmp}: is a directory"),
+])
+def test_a_bad_path_is_one_line_and_2_before_the_gpu_question(argv, culprit, tmp_path, capsys, monkeypatch):
+    """Paths are bad input, checked first on any machine: not 'cannot judge: no CUDA device' (125),
+    and not a traceback after the work (fp8-emulation --json wrote with open() once it had run)."""
+    from harness.ci_speed.jit_cache import JIT_CACHE_ENV
+
+    monkeypatch.delenv(JIT_CACHE_ENV, raising=False)
+    (tmp_path / "a-file").write_text("x")
+    try:
+        code = cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and culprit.replace("{tmp}", str(tmp_path)) in err[0], (code, err)

@@ -135,7 +135,9 @@ ALLOWED = {
                                    "harness.production.case_inputs", "harness.case_registry", "harness.case_specs",
                                    "harness.record_checks",
                                    "harness.production.engine.graph_regimes", "harness.production.judging",
-                                   "harness.exitcodes"),  # the emulations' one-line usage errors (exit 2)
+                                   # the emulation tools' one-line usage errors (exit 2), their paths checked
+                                   # first and their JSON written all or nothing
+                                   "harness.exitcodes", "harness.input_checks", "harness.atomic"),
     # the goldens' reference side runs on any machine: no harness.production, no vLLM
     "harness.goldens.store": ("harness.atomic", "harness.exitcodes", "harness.input_checks", "harness.trace_compare",
                               "harness.verdict"),

@@ -318,25 +318,3 @@ def run_catalogue(names=None, *, report: str | None = None, log=print) -> dict:
         from harness.atomic import atomic_write_json
         atomic_write_json(report, doc)
     return doc
-
-
-def main(argv=None) -> int:
-    from harness.exitcodes import OneLineParser
-
-    ap = OneLineParser(prog="python -m harness speculator-mutants",
-                       description="planted speculator bugs through bisect-check (GPU host)")
-    ap.add_argument("--mutant", action="append", choices=sorted(MUTANTS))
-    ap.add_argument("--report", default=None, metavar="R.json")
-    args = ap.parse_args(argv)
-    from harness.production.can_run import cannot_run_engine_reason
-
-    reason = cannot_run_engine_reason()
-    if reason:
-        print(f"cannot judge: {reason}")
-        return 125
-    doc = run_catalogue(args.mutant, report=args.report)
-    s = doc["summary"]
-    print(f"speculator mutants: {s['caught']}/{s['mutants']} caught (bisect-check exit 1), "
-          f"{s['named_first']}/{s['mutants']} named first; controls {'ok' if s['controls_ok'] else 'FAILED'}")
-    return 0 if s["caught"] == s["mutants"] and s["named_first"] == s["mutants"] and s["controls_ok"] else 1
-

@@ -43,7 +43,6 @@ import argparse
 
 from harness.exitcodes import OneLineParser
 import dataclasses
-import json
 
 import torch
 
@@ -174,6 +173,14 @@ def main(argv=None) -> int:
         ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join(gpu_cases)}")
     if args.extra_seeds < 0:
         ap.error(f"--extra-seeds {args.extra_seeds}: must be 0 or more")
+    if args.json is not None:
+        from harness import input_checks as check
+        from harness.exitcodes import CLIError
+
+        try:
+            check.output_file("--json", args.json)
+        except CLIError as exc:
+            ap.error(str(exc))
     # the block-FP8 cases this emulation models (not compressed-tensors channel scales, not reloads)
     ids = args.case or [c.id for c in gpu_cases.values() if c.quant != "bf16" and c.reload_seed is None
                         and not c.quant.startswith("compressed-tensors")]
@@ -184,7 +191,8 @@ def main(argv=None) -> int:
             print(f"  {comp:24s} max|d| {v['max_abs']:.3e}  atol needed at rtol {v['atol_needed']:.3e}"
                   f"  tie margin {v['tie_margin']:.3e}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(agg, f, indent=1)
+        from harness.atomic import atomic_write_json
+
+        atomic_write_json(args.json, agg)  # its folders made, all or nothing
     return 0
 

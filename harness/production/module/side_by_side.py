@@ -323,6 +323,16 @@ def main(argv=None) -> int:
     unknown = [c for c in ids if c not in gpu_cases and c not in probe_cases]
     if unknown:  # bad input: said before the GPU question, on any machine (exit 2)
         ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join([*gpu_cases, *probe_cases])}")
+    from harness import input_checks as check
+    from harness.exitcodes import CLIError
+
+    try:  # bad input: one line, exit 2, before the GPU question
+        if args.rejudge:
+            check.input_dir("--rejudge", args.rejudge)
+        if args.out is not None:
+            check.output_dir("--out", args.out)
+    except CLIError as exc:
+        ap.error(str(exc))
     if args.fp8:
         ids += [c for c in fp8_ids if c not in ids]
     if args.modelopt:
