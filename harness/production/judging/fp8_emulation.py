@@ -158,21 +158,27 @@ def sweep(case_ids, variants, extra_seeds: int = 0, log=print) -> dict:
     return agg
 
 
+def check_case_args(ap, args, gpu_cases) -> None:
+    """The emulation tools' --case and --extra-seeds: bad input, one line and exit 2 (``ap.error``),
+    before any case runs."""
+    unknown = [c for c in (args.case or []) if c not in gpu_cases]
+    if unknown:
+        ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join(gpu_cases)}")
+    if args.extra_seeds < 0:
+        ap.error(f"--extra-seeds {args.extra_seeds}: must be 0 or more")
+
+
 def main(argv=None) -> int:
     from harness import case_registry
     gpu_cases = case_registry.specs(kind="module", without="probe")
     ap = OneLineParser(prog="python -m harness fp8-emulation", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8 case)")
     ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 30, 31, ...")
     ap.add_argument("--json", help="write the per-quant, per-component numbers here")
     args = ap.parse_args(argv)
-    unknown = [c for c in (args.case or []) if c not in gpu_cases]
-    if unknown:  # bad input: one line, exit 2, before any case runs
-        ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join(gpu_cases)}")
-    if args.extra_seeds < 0:
-        ap.error(f"--extra-seeds {args.extra_seeds}: must be 0 or more")
+    check_case_args(ap, args, gpu_cases)
     if args.json is not None:
         from harness import input_checks as check
         from harness.exitcodes import CLIError

@@ -17,9 +17,9 @@ the starting point of ``harness.components.KV_CACHE_FP8_ATOL`` (2x the max |d|).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from harness.exitcodes import OneLineParser
-import dataclasses
 
 import reference as R
 
@@ -57,15 +57,13 @@ def main(argv=None) -> int:
     gpu_cases = case_registry.specs(kind="module", without="probe")
 
     ap = OneLineParser(prog="python -m harness kv-fp8-emulation", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="case id (default: every FP8-KV module case)")
     ap.add_argument("--extra-seeds", type=int, default=0, help="also run each case with seeds 40, 41, ...")
     args = ap.parse_args(argv)
-    unknown = [c for c in (args.case or []) if c not in gpu_cases]
-    if unknown:  # bad input: one line, exit 2, before any case runs
-        ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join(gpu_cases)}")
-    if args.extra_seeds < 0:
-        ap.error(f"--extra-seeds {args.extra_seeds}: must be 0 or more")
+    from harness.production.judging.fp8_emulation import check_case_args
+
+    check_case_args(ap, args, gpu_cases)
     ids = args.case or [c.id for c in gpu_cases.values() if c.kv_cache_dtype != "auto"]
     agg: dict = {}
     for cid in ids:

@@ -305,7 +305,7 @@ def main(argv=None) -> int:
     fp8_ids, modelopt_ids, ct_ids, reload_ids = (case_registry.ids(role=r, kind="module")
                                                  for r in ("fp8", "modelopt", "compressed-tensors", "reload"))
     ap = OneLineParser(prog="python -m harness side-by-side", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help=f"case id (default: all of {', '.join(gpu_cases)})")
     ap.add_argument("--fp8", action="store_true", help=f"the FP8 cases ({', '.join(fp8_ids)})")
     ap.add_argument("--modelopt", action="store_true",
