@@ -256,7 +256,7 @@ def _show(conn, args, f, say) -> int:
             last = rows[-1]
             say(f"{cid[:40]:40s} {comp[:28]:28s} {len(rows):4d} {_fmt(last['max_abs']):>10s} "
                 f"{_fmt(statistics.median(vals) if vals else None):>10s} {_fmt(last['ratio'], '.3g'):>8s} "
-                f"{'ok' if last['passed'] else 'FAIL'}")
+                f"{'-' if last['passed'] is None else 'ok' if last['passed'] else 'FAIL'}")
     accs = rows_of(conn, "acceptance", ids, f.case) if ids else []
     if accs:
         say("")

@@ -131,8 +131,10 @@ def verdict_rows(case_id: str, rep: dict) -> list[dict]:
 
 
 def engine_component_rows(case_id: str, comps, problems) -> list[dict]:
-    """An engine case's components (max |d| over its draft calls; a component with calls out of
-    tolerance did not pass)."""
+    """An engine case's components (max |d| over its draft calls). They are diagnostics: the case's
+    verdict judges its draft tokens (its own "verdict" row), and MoE routing ties are not masked in
+    them, so a component with calls past its tolerance is recorded as not judged (passed NULL, the
+    count in its note), never as a failure of a run whose verdict is good; drift judges the rest."""
     out = []
     for name, c in sorted((comps or {}).items()):
         if not isinstance(c, dict):
@@ -140,7 +142,9 @@ def engine_component_rows(case_id: str, comps, problems) -> list[dict]:
         bad = c.get("calls_out_of_tol")
         out.append({"case_id": case_id, "component": name, "max_abs": _num(c.get("max_abs")), "mean_abs": None,
                     "max_rel": None, "atol": None, "rtol": None, "ratio": None,
-                    "passed": int(not bad), "note": None})
+                    "passed": None if bad else 1,
+                    "note": (f"diagnostic: {bad} draft call(s) past the tolerance (routing ties not masked)"
+                             if bad else None)})
     if problems is not None:  # the engine's verdict as a row of its own: its first problem, named
         out.append({"case_id": case_id, "component": "verdict", "max_abs": None, "mean_abs": None, "max_rel": None,
                     "atol": None, "rtol": None, "ratio": None, "passed": int(not problems),

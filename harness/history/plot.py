@@ -77,7 +77,7 @@ def trend_plots(conn, out_dir, filters: Filters | None = None) -> list[Path]:
             rows.sort(key=lambda r: x_of[r["run_id"]])
             ys = [max((r["ratio"] if use_ratio else r["max_abs"]), 1e-18) for r in rows]
             ax.plot([x_of[r["run_id"]] for r in rows], ys, marker=".", linewidth=0.8, label=comp)
-            bad = [(x_of[r["run_id"]], y) for r, y in zip(rows, ys) if not r["passed"]]
+            bad = [(x_of[r["run_id"]], y) for r, y in zip(rows, ys) if r["passed"] == 0]  # NULL: not judged
             if bad:
                 ax.plot(*zip(*bad), "rx", markersize=8)
         if use_ratio:

@@ -398,3 +398,16 @@ def test_a_night_s_tier_and_bisect_check_are_judged_each_against_their_own_kind(
                                                               f"T0{3 if kind == 'gpu-tier' else 4}:00:00+00:00"))
     (f,) = _findings(path)  # the tier moved; bisect-check, run after it, did not
     assert f.name == "step0.attn.out" and f.runs == 2
+
+
+def test_an_engine_diagnostic_past_its_tolerance_is_not_judged_not_failed():
+    """Engine components are diagnostics (routing ties not masked; the verdict judges draft tokens):
+    one with calls past its tolerance in a good run is recorded as not judged, with the count."""
+    from harness.history.ingest import engine_component_rows
+
+    rows = {r["component"]: r for r in engine_component_rows(
+        "engine/x", {"mlp.out": {"max_abs": 3.7, "calls_out_of_tol": 4}, "attn.out": {"max_abs": 1e-3,
+                                                                                     "calls_out_of_tol": 0}}, [])}
+    assert rows["mlp.out"]["passed"] is None and "4 draft call(s) past the tolerance" in rows["mlp.out"]["note"]
+    assert rows["attn.out"]["passed"] == 1 and rows["attn.out"]["note"] is None
+    assert rows["verdict"]["passed"] == 1
