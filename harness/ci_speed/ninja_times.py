@@ -63,9 +63,9 @@ def _write_build_log(path: str, stamp_ns: int) -> None:
     _replace(path, ("\n".join(out) + "\n").encode("utf-8", errors="surrogateescape"))
 
 
-def _deps_log(path: str, stamp_ns: int | None) -> list[str] | None:
-    """The outputs ``.ninja_deps`` at ``path`` records deps for (None: not version 4, or torn);
-    with ``stamp_ns``, the file rewritten with every deps record's mtime set to it."""
+def _deps_log(path: str, stamp_ns: int) -> list[str] | None:
+    """The outputs ``.ninja_deps`` at ``path`` records deps for, the file rewritten with every deps
+    record's mtime set to ``stamp_ns``; None (the file left as it was): not version 4, or torn."""
     with open(path, "rb") as f:
         data = f.read()
     head = len(_DEPS_SIGNATURE)
@@ -92,16 +92,14 @@ def _deps_log(path: str, stamp_ns: int | None) -> list[str] | None:
             if not 0 <= out_id < len(paths):
                 return None
             outs.append(paths[out_id])
-            if stamp_ns is not None:
-                struct.pack_into("<II", buf, body + 4, stamp_ns & 0xFFFFFFFF, (stamp_ns >> 32) & 0xFFFFFFFF)
+            struct.pack_into("<II", buf, body + 4, stamp_ns & 0xFFFFFFFF, (stamp_ns >> 32) & 0xFFFFFFFF)
         else:
             if size < 5:
                 return None
             raw = bytes(buf[body:body + size - 4]).rstrip(b"\0")
             paths.append(raw.decode("utf-8", errors="surrogateescape"))
         at = body + size
-    if stamp_ns is not None:
-        _replace(path, bytes(buf))
+    _replace(path, bytes(buf))
     return outs
 
 
@@ -131,7 +129,6 @@ def date_restored(trees: list[str], now_ns: int | None = None) -> dict[str, int]
                 build_dirs.append(dirpath)
     for build_dir in build_dirs:
         outputs: set[str] = set()
-        logs = []
         log_path, deps_path = os.path.join(build_dir, BUILD_LOG), os.path.join(build_dir, DEPS_LOG)
         if os.path.isfile(log_path) and not os.path.islink(log_path):
             named = _build_log_outputs(log_path)
@@ -139,17 +136,15 @@ def date_restored(trees: list[str], now_ns: int | None = None) -> dict[str, int]
                 counts["logs_unknown"] += 1
             else:
                 outputs.update(named)
-                logs.append(lambda p=log_path: _write_build_log(p, t1))
+                _write_build_log(log_path, t1)
+                counts["logs"] += 1
         if os.path.isfile(deps_path) and not os.path.islink(deps_path):
-            named = _deps_log(deps_path, None)
+            named = _deps_log(deps_path, t1)  # read and rewritten with T1 in one pass (None: left as it was)
             if named is None:
                 counts["logs_unknown"] += 1
             else:
                 outputs.update(named)
-                logs.append(lambda p=deps_path: _deps_log(p, t1))
-        for write in logs:
-            write()
-            counts["logs"] += 1
+                counts["logs"] += 1
         for out in outputs:
             path = out if os.path.isabs(out) else os.path.join(build_dir, out)
             if os.path.isfile(path) and not os.path.islink(path):

@@ -111,7 +111,8 @@ def side_by_side_ids(args) -> list[str]:
     ids = bisect_case_ids(args)
     if getattr(args, "record_baseline", None) and not args.case:  # never judged against a baseline
         ids = [c for c in ids if c not in REFERENCE_ONLY_BISECT_CASES]
-    return [c for c in ids if c not in case_specs(kind="engine")]
+    engine_cases = case_specs(kind="engine")
+    return [c for c in ids if c not in engine_cases]
 
 
 def unjudged_verdict(verdict: int, not_judged: list[dict], allow_unjudged: bool) -> int:
@@ -165,10 +166,11 @@ def _side_by_side_cases(ids, plant, golden, out: SideBySide, share: ThreadShare)
     from harness.goldens.production import judge_golden  # these import torch
     from harness.production.module.side_by_side import format_regimes
 
+    module_cases = case_specs(kind="module", without="probe")
     for cid in ids:
         share.update()
         t0 = time.perf_counter()
-        result, code, line = run_side_by_side(case_specs(kind="module", without="probe")[cid], plant)
+        result, code, line = run_side_by_side(module_cases[cid], plant)
         if result is None:
             out.verdict, out.failed_line = worst([out.verdict, code]), line
             return
@@ -210,7 +212,8 @@ def bisect_engine_ids(args) -> list[str]:
     """The engine cases of a bisect-check (none when it records a baseline)."""
     if getattr(args, "record_baseline", None):
         return []
-    return [c for c in bisect_case_ids(args) if c in case_specs(kind="engine")]
+    engine_cases = case_specs(kind="engine")
+    return [c for c in bisect_case_ids(args) if c in engine_cases]
 
 
 def start_early(args) -> list[EngineRun]:

@@ -48,8 +48,9 @@ def _case_for(args):
     from reference import ConfigError, MTPConfig  # imports torch: only once a case is being mapped
 
     ckpt = args.ckpt or "preset:tiny"
+    module_cases, engine_cases = case_specs(kind="module", without="probe"), case_specs(kind="engine")
     given = [flag for flag, v in (("--steps", args.steps), ("--seed", args.seed)) if v is not None]
-    if given and (ckpt in _module_cases() or ckpt in _engine_cases()):
+    if given and (ckpt in module_cases or ckpt in engine_cases):
         raise CLIError(f"{' and '.join(given)}: case {ckpt} fixes its own steps and seed; drop "
                        f"{'them' if len(given) > 1 else 'it'}, or give preset:NAME or a checkpoint directory")
     steps = DEFAULT_STEPS if args.steps is None else args.steps
@@ -69,9 +70,9 @@ def _case_for(args):
             case = dataclasses.replace(case, quant=quant_of_config(loaded.hf_config))
         except (OSError, ValueError) as exc:
             raise CLIError(f"{ckpt}/config.json: {exc}") from exc
-    elif ckpt in _module_cases():
-        case = _module_cases()[ckpt]
-    elif ckpt in _engine_cases():
+    elif ckpt in module_cases:
+        case = module_cases[ckpt]
+    elif ckpt in engine_cases:
         return ckpt  # vLLM's own speculator, engine level (engine.py)
     elif ckpt.startswith("preset:"):
         case = GpuCase(f"{ckpt[7:]}-seed{seed}", preset=ckpt[7:], seed=seed, steps=steps,
@@ -82,7 +83,7 @@ def _case_for(args):
             raise CLIError(str(exc.args[0])) from exc
     else:
         raise CLIError(f"{ckpt}: compare takes a checkpoint directory, preset:NAME or a case id "
-                       f"({', '.join([*_module_cases(), *_engine_cases()])})")
+                       f"({', '.join([*module_cases, *engine_cases])})")
     tp = getattr(args, "tp", 1)
     try:
         cfg = MTPConfig.from_hf_dict(case.hf_config())
@@ -92,16 +93,6 @@ def _case_for(args):
     except ConfigError as exc:
         raise CLIError(f"{ckpt}: {exc}") from exc
     return case
-
-
-def _module_cases():
-    """The registry's module cases (probes excepted), by id."""
-    return case_specs(kind="module", without="probe")
-
-
-def _engine_cases():
-    """The registry's engine cases, by id."""
-    return case_specs(kind="engine")
 
 
 def _validated_checkpoint(path: str):
@@ -258,4 +249,4 @@ def compare_command(args) -> int:
 
 
 def _golden_case(case_id: str):
-    return _module_cases().get(case_id)
+    return case_specs(kind="module", without="probe").get(case_id)
