@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def now_utc() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    """Now, ISO 8601 UTC to the microsecond: runs of one process (a test's three ``bisect-check``
+    calls) can start within one second, and the history orders runs by this string."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
 
 
 def harness_commit() -> str | None:
@@ -363,4 +365,4 @@ def read_tier_dir(directory) -> tuple[list[dict], list[dict]]:
 def file_time(path) -> str:
     """A report file's modification time (ISO UTC): when the run that wrote it ended."""
     t = os.stat(path).st_mtime
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="microseconds")

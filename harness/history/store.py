@@ -419,7 +419,7 @@ def merge(dest, sources) -> list[tuple[str, int, int]]:
         result = []
         try:
             for s, src, _tmp in opened:
-                ids = [r[0] for r in src.execute("SELECT run_id FROM runs ORDER BY started_at, run_id")]
+                ids = [r[0] for r in src.execute("SELECT run_id FROM runs ORDER BY started_at, rowid")]
                 out.execute("BEGIN IMMEDIATE")
                 try:
                     have = {r[0] for r in out.execute("SELECT run_id FROM runs")}
@@ -511,7 +511,7 @@ def select_runs(conn: sqlite3.Connection, f: Filters | None = None) -> list[dict
     if f.exclude_kinds:
         where.append(f"kind NOT IN ({', '.join('?' * len(f.exclude_kinds))})")
         args += list(f.exclude_kinds)
-    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY started_at, run_id"
+    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY started_at, rowid"
     runs = [dict(r) for r in conn.execute(sql, args)]
     if f.last:
         runs = runs[-f.last:]

@@ -244,6 +244,23 @@ def test_a_small_move_a_failure_and_too_few_runs_are_no_drift(tmp_path):
     assert _findings(_nights(tmp_path / "c", [1.0])) == []
 
 
+def test_runs_started_in_one_second_keep_the_order_they_were_recorded_in(tmp_path):
+    """Three ``bisect-check`` runs of one process can start within one second (the drift GPU test's:
+    same stamp to the second on one H200). The latest run is the last one recorded, whatever its
+    content hash; the moved run's tag is chosen so that its id sorts before the other two."""
+    path = tmp_path / "h.sqlite"
+    same = "2026-12-04T10:17:25+00:00"
+    docs = [report(tag="a"), report(tag="b")]
+    moved = next(d for d in (report(scale=10.0, tag=f"m{i}") for i in range(64))
+                 if all(ingest.run_id(d, "bisect-check") < ingest.run_id(x, "bisect-check") for x in docs))
+    for d in (*docs, moved):
+        store.append(path, ingest.run_from_doc(d, kind="bisect-check", exit_code=0, started_at=same))
+    (f,) = _findings(path)
+    assert (f.name, f.latest, f.median) == ("step0.attn.out", pytest.approx(1e-3), pytest.approx(1e-4))
+    stamps = [ingest.now_utc() for _ in range(2)]
+    assert all("." in s.split("T")[1] for s in stamps) and stamps[0] <= stamps[1]  # sub-second stamps
+
+
 def test_drift_of_a_golden_comparison_reads_its_settled_rows(tmp_path):
     """A golden / baseline comparison records max |d| over the rows settled run to run beside the
     max over all rows: jitter of the order-variant rows alone (measured on one H200: 0 in one run,

@@ -10,9 +10,9 @@ component (tiny-k1's contexts are shorter than index_topk: no order-variant rows
 moved ``indexer.k``'s max |d| from 1.918e-2 to 2.200e-2 (x1.147), its one bf16 rounding inside a
 max |d| that one rounding already sets; 1.5 asked for more than the plant does and found nothing.
 (Against a host baseline the same plant fails: a golden judges ``indexer.k`` to the ulp.)
-On vLLM 0.34.0 (one H200) the planted run's components were bit-identical to the unplanted
-ones and the test failed on "no drift"; a plant that applies to none of the cases now makes that
-run exit 125 with the reason, so the next run says whether the plant was not applied or inert.
+The three runs start within one second: the history orders runs by a sub-second start stamp and
+then by the order they were recorded in, never by their content hash (in hash order an unplanted run
+can be taken for the latest one: "no drift" although the plant moved ``indexer.k``).
 """
 
 from __future__ import annotations
