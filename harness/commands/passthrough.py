@@ -10,33 +10,35 @@ contract of ``harness.exitcodes``).
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from harness.ci_speed.jit_cache import apply_jit_cache  # cheap: no torch, vLLM or transformers
 from harness.exitcodes import EXIT_OK, EXIT_USAGE, printable
 
 
-# Each runner imports its module when it runs, never before: the CLI's start-up imports no torch
-# or vLLM, and the engine checks its arguments before it imports them.
-def _run_engine(argv: list[str]) -> int:
-    apply_jit_cache()  # $HYV4_JIT_CACHE, before vLLM is imported
-    from harness.commands.engine import main as engine_main  # torch and vLLM only once its arguments are checked
+def _deferred(module: str, func: str = "main", *, jit_cache: bool = False):
+    """A runner that imports ``module`` when it runs, never before (the CLI's start-up imports no
+    torch or vLLM; the engine checks its arguments before it imports them), then calls its ``func``
+    with the arguments. ``jit_cache``: $HYV4_JIT_CACHE applied first, before torch and vLLM are imported."""
+    def run(argv: list[str]) -> int:
+        if jit_cache:
+            apply_jit_cache()
+        return getattr(importlib.import_module(module), func)(argv)
 
-    return engine_main(argv)
-
-
-def _run_goldens(argv: list[str]) -> int:
-    apply_jit_cache()  # $HYV4_JIT_CACHE, before torch and vLLM are imported
-    from harness.goldens.production import main as goldens_main  # imports torch
-
-    return goldens_main(argv)
+    run.__qualname__ = f"run {module}.{func}"
+    return run
 
 
-def _run_side_by_side(argv: list[str]) -> int:
-    apply_jit_cache()  # $HYV4_JIT_CACHE, before torch and vLLM are imported
-    from harness.production.module.side_by_side import main as side_by_side_main  # imports torch
-
-    return side_by_side_main(argv)
+_run_engine = _deferred("harness.commands.engine", jit_cache=True)
+_run_goldens = _deferred("harness.goldens.production", jit_cache=True)
+_run_side_by_side = _deferred("harness.production.module.side_by_side", jit_cache=True)
+_run_fp8_emulation = _deferred("harness.production.judging.fp8_emulation")
+_run_kv_fp8_emulation = _deferred("harness.production.judging.kv_fp8_emulation")
+_run_autobisect_step = _deferred("harness.commands.autobisect", "step_main")
+_run_ci_timeline = _deferred("harness.ci_speed.pytest_timeline")
+_run_ci_schedule = _deferred("harness.ci_speed.xdist_schedule")
+_run_ci_prefetch = _deferred("harness.ci_speed.model_info_prefetch", "inspect_main")
 
 
 def _run_speculator_mutants(argv: list[str]) -> int:
@@ -67,42 +69,6 @@ def _run_speculator_mutants(argv: list[str]) -> int:
     print(f"speculator mutants: {s['caught']}/{s['mutants']} caught (bisect-check exit 1), "
           f"{s['named_first']}/{s['mutants']} named first; controls {'ok' if s['controls_ok'] else 'FAILED'}")
     return 0 if s["caught"] == s["mutants"] and s["named_first"] == s["mutants"] and s["controls_ok"] else 1
-
-
-def _run_fp8_emulation(argv: list[str]) -> int:
-    from harness.production.judging.fp8_emulation import main as fp8_emulation_main  # imports torch
-
-    return fp8_emulation_main(argv)
-
-
-def _run_kv_fp8_emulation(argv: list[str]) -> int:
-    from harness.production.judging.kv_fp8_emulation import main as kv_fp8_emulation_main
-
-    return kv_fp8_emulation_main(argv)
-
-
-def _run_autobisect_step(argv: list[str]) -> int:
-    from harness.commands.autobisect import step_main
-
-    return step_main(argv)
-
-
-def _run_ci_timeline(argv: list[str]) -> int:
-    from harness.ci_speed.pytest_timeline import main as timeline_main
-
-    return timeline_main(argv)
-
-
-def _run_ci_schedule(argv: list[str]) -> int:
-    from harness.ci_speed.xdist_schedule import main as schedule_main
-
-    return schedule_main(argv)
-
-
-def _run_ci_prefetch(argv: list[str]) -> int:
-    from harness.ci_speed.model_info_prefetch import inspect_main
-
-    return inspect_main(argv)
 
 
 # ``python -m harness ci VERB``: the CI-speed machinery's own commands (harness/ci_speed/README.md)

@@ -30,6 +30,11 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+# the calls that import a module named by a string when they run (harness.commands.passthrough's
+# runners): counted as function-level imports, so the layer and circle rules see them
+DEFERRED_IMPORTERS = ("import_module", "_deferred")
+
+
 def _imports(name: str, path: Path, top_level_only: bool) -> set[str]:
     """The project modules ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``)."""
     tree = ast.parse(path.read_text())
@@ -63,6 +68,12 @@ def _imports(name: str, path: Path, top_level_only: bool) -> set[str]:
                 t = t.rpartition(".")[0]
             if t and t != name:
                 found.add(t)
+    if not top_level_only:  # deferred imports by name: importlib.import_module("m") or _deferred("m", ...)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                    and getattr(node.func, "attr", getattr(node.func, "id", None)) in DEFERRED_IMPORTERS
+                    and node.args[0].value in MODULES and node.args[0].value != name):
+                found.add(node.args[0].value)
     return found
 
 
