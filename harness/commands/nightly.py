@@ -86,7 +86,7 @@ def last_good_commit(history: str, platform: str, before: str | None = None) -> 
     try:
         sql = ("SELECT vllm_commit FROM runs WHERE platform = ? AND verdict = 'good' AND vllm_commit IS NOT NULL "
                "AND kind IN ('bisect-check', 'gpu-tier')" + (" AND started_at < ?" if before else "")
-               + " ORDER BY started_at DESC LIMIT 1")
+               + " ORDER BY started_at DESC, rowid DESC LIMIT 1")
         row = conn.execute(sql, (platform, before) if before else (platform,)).fetchone()
         return row[0] if row else None
     finally:
@@ -98,7 +98,7 @@ def _run_of(history: str, source: str) -> dict | None:
 
     conn = open_history(history, readonly=True)
     try:
-        row = conn.execute("SELECT * FROM runs WHERE source = ? ORDER BY started_at DESC LIMIT 1",
+        row = conn.execute("SELECT * FROM runs WHERE source = ? ORDER BY started_at DESC, rowid DESC LIMIT 1",
                            (source,)).fetchone()
         return dict(row) if row else None
     finally:
