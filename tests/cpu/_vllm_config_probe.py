@@ -454,6 +454,19 @@ def _each(mode: str, ids: list[str], fn) -> None:
             print(json.dumps({"mode": mode, "id": cid, "crash": traceback.format_exc()[-4000:]}), flush=True)
 
 
+def _keep_every_case_input() -> None:
+    """A plan asks for most cases twice (``config``, then ``load`` / ``walk``): ``case_inputs``'s cache
+    keeps 4 cases (a GPU host's real-dims weights are large), so the plan's 9 config cases had evicted
+    each one before its load, and its synthetic checkpoint was written, read back and quantized again.
+    This throwaway process's cases are tiny: keep them all. ``config`` reads only the HF dict (its
+    JSON goes to a model directory), so each case's inputs reach ``load`` as built."""
+    import functools
+
+    from harness.production import case_inputs
+
+    case_inputs._cached = functools.lru_cache(maxsize=None)(case_inputs._cached.__wrapped__)
+
+
 def _plan(path: str) -> int:
     with open(path) as f:
         plan = json.load(f)
@@ -467,6 +480,7 @@ def _plan(path: str) -> int:
     # them, ~46 s of CPU on CI's 2 cores. This throwaway process inspects in process instead.
     from harness.ci_speed.model_info_prefetch import inspect_in_this_process
     inspect_in_this_process()
+    _keep_every_case_input()
     _each("config", plan.get("config", []), lambda cid: _config_lines([cid]))
     if plan.get("load") or plan.get("build") or plan.get("walk"):
         try:
