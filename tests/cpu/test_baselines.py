@@ -29,11 +29,6 @@ H200 = {"gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0+cu130", "cud
 V33 = {"vllm": "0.33.0", "vllm_commit": "g4ba787ec9"}
 CASES = ["tiny-k3-share", "tiny-k2-clamp-headwise"]
 
-# bisect-check's report metadata (side_by_side.run_facts: kernel_paths.host_paths) probes vLLM's
-# kernel modules in process, so the module's first run imports vLLM (~7 CPU-s): tests/cpu/conftest.py
-# runs these tests in the worker that imports vLLM anyway, and in each release's `-m vllm_facing` pass
-VLLM_IN_PROCESS = True
-
 
 def _trace(case_id: str, regressed: bool = False) -> dict:
     """A production trace of ``case_id`` as the hooks hand it over (CPU tensors); ``regressed``:
