@@ -63,6 +63,20 @@ def seed_weights():
     return hf, cfg, random_weights(cfg, SEED)
 
 
+@pytest.fixture(scope="module")
+def seed_expected(seed_weights):
+    """``_expected(seed weights, quant, bf16_wk)``, computed once per (quant, bf16_wk) for the module:
+    the ~15 tests on the seed weights each re-quantized all of them (~0.13 s a call); a pure
+    function of the same tensors, and the tests only read the dict it returns."""
+    memo: dict = {}
+
+    def get(quant: str, bf16_wk: bool = False) -> dict:
+        if (quant, bf16_wk) not in memo:
+            memo[quant, bf16_wk] = _expected(seed_weights[2], quant, bf16_wk)
+        return memo[quant, bf16_wk]
+    return get
+
+
 def _assert_same(got: dict, want: dict) -> None:
     assert set(got) == set(want)
     bad = [k for k in want if got[k].dtype != torch.float64 or not torch.equal(got[k], want[k])]
@@ -71,12 +85,12 @@ def _assert_same(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("naming,experts,quant", list(itertools.product(
     ("mtp_layers", "layers"), ("split", "fused"), ("bf16", "fp8", "fp8-ue8m0"))))
-def test_every_variant_loads_to_the_seed(tmp_path, seed_weights, naming, experts, quant):
+def test_every_variant_loads_to_the_seed(tmp_path, seed_weights, seed_expected, naming, experts, quant):
     hf, cfg, w = seed_weights
     d = write_synthetic(tmp_path / "ckpt", hf, w, naming=naming, experts=experts, quant=quant, shards=3)
     loaded = load_checkpoint(d)
     assert loaded.cfg == cfg
-    _assert_same(loaded.weights, _expected(w, quant))
+    _assert_same(loaded.weights, seed_expected(quant))
     cfgj = json.loads((d / "config.json").read_text())
     assert cfgj["mtp_quant_algo"] == ("BF16" if quant == "bf16" else "FP8")
     if quant != "bf16":
@@ -96,36 +110,36 @@ def test_every_variant_loads_to_the_seed(tmp_path, seed_weights, naming, experts
 
 @pytest.mark.parametrize("scale_dtype,suffix", [("uint8", "scale"), ("e8m0", "weight_scale_inv"),
                                                 ("float32", "scale"), ("auto", "scale")])
-def test_ue8m0_scale_storages_agree(tmp_path, seed_weights, scale_dtype, suffix):
+def test_ue8m0_scale_storages_agree(tmp_path, seed_weights, seed_expected, scale_dtype, suffix):
     hf, _, w = seed_weights
     d = write_synthetic(tmp_path / "c", hf, w, quant="fp8-ue8m0", scale_dtype=scale_dtype,
                         expert_scale_suffix=suffix)
     # uint8 on linear scales is what vLLM misreads: only loadable with strict_vllm=False
     loaded = load_checkpoint(d, strict_vllm=scale_dtype != "uint8")
-    _assert_same(loaded.weights, _expected(w, "fp8-ue8m0"))
+    _assert_same(loaded.weights, seed_expected("fp8-ue8m0"))
 
 
-def test_fused_and_split_scale_suffixes(tmp_path, seed_weights):
+def test_fused_and_split_scale_suffixes(tmp_path, seed_weights, seed_expected):
     hf, _, w = seed_weights
     for experts in ("split", "fused"):
         d = write_synthetic(tmp_path / experts, hf, w, experts=experts, quant="fp8", expert_scale_suffix="scale")
         loaded = load_checkpoint(d)
-        _assert_same(loaded.weights, _expected(w, "fp8"))
+        _assert_same(loaded.weights, seed_expected("fp8"))
         assert any(n.endswith(".scale") for n in loaded.source["layers.0.mlp.experts.down_proj"])
 
 
-def test_single_file_without_index(tmp_path, seed_weights):
+def test_single_file_without_index(tmp_path, seed_weights, seed_expected):
     hf, _, w = seed_weights
     d = write_synthetic(tmp_path / "c", hf, w, quant="fp8", index=False)
     assert sorted(os.listdir(d)) == [".hyv4-harness-written.json", "config.json", "model.safetensors"]
-    _assert_same(load_checkpoint(d).weights, _expected(w, "fp8"))
+    _assert_same(load_checkpoint(d).weights, seed_expected("fp8"))
 
 
-def test_bf16_indexer_wk_in_fp8_checkpoint(tmp_path, seed_weights):
+def test_bf16_indexer_wk_in_fp8_checkpoint(tmp_path, seed_weights, seed_expected):
     hf, _, w = seed_weights
     d = write_synthetic(tmp_path / "c", hf, w, quant="fp8", indexer_wk_fp8=False)
     loaded = load_checkpoint(d)
-    _assert_same(loaded.weights, _expected(w, "fp8", bf16_wk=True))
+    _assert_same(loaded.weights, seed_expected("fp8", bf16_wk=True))
     assert "layers.0.indexer.wk" not in loaded.fp8
 
 
@@ -164,7 +178,7 @@ def test_two_mtp_layers_with_layers_naming_is_refused_strictly(tmp_path):
     _assert_same(load_checkpoint(d, strict_vllm=False).weights, w)
 
 
-def test_backbone_tensors_are_never_opened(tmp_path, seed_weights):
+def test_backbone_tensors_are_never_opened(tmp_path, seed_weights, seed_expected):
     """Index entries for backbone tensors point at a file that does not exist: loading still works."""
     hf, _, w = seed_weights
     d = write_synthetic(tmp_path / "c", hf, w, quant="fp8", shards=2)
@@ -174,7 +188,7 @@ def test_backbone_tensors_are_never_opened(tmp_path, seed_weights):
     (d / "model.safetensors.index.json").write_text(json.dumps(idx))
     loaded = load_checkpoint(d)
     assert "backbone-00001.safetensors" not in loaded.files_read
-    _assert_same(loaded.weights, _expected(w, "fp8"))
+    _assert_same(loaded.weights, seed_expected("fp8"))
 
 
 def test_cli_writes_atomically_and_refuses_to_overwrite(tmp_path, capsys):
@@ -197,7 +211,7 @@ def test_cli_writes_atomically_and_refuses_to_overwrite(tmp_path, capsys):
     _assert_same(load_checkpoint(out).weights, _expected(w, "fp8-ue8m0"))
 
 
-def test_cut_real_case(tmp_path, seed_weights):
+def test_cut_real_case(tmp_path, seed_weights, seed_expected):
     from harness.checkpoint.loader import cut_real_case
 
     hf, _, w = seed_weights
@@ -205,7 +219,7 @@ def test_cut_real_case(tmp_path, seed_weights):
     small = cut_real_case(src, tmp_path / "small", 64)
     loaded = load_checkpoint(small)
     assert loaded.cfg.vocab_size == 64
-    want = _expected(w, "fp8-ue8m0")
+    want = seed_expected("fp8-ue8m0")
     want = {k: (v[:64] if k in ("embed_tokens", "lm_head") else v) for k, v in want.items()}
     _assert_same(loaded.weights, want)
 
