@@ -156,7 +156,10 @@ def test_an_interrupt_stops_the_step_and_restores_the_tree(tmp_path, sig, code):
     env.pop("HYV4_HISTORY", None)
     proc = subprocess.Popen([sys.executable, "-m", "harness", "autobisect", "--source", str(repo), "--good", "good",
                              "--bad", "work", "--judge", str(j)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            # SIGINT as an interactive shell leaves it: a test run started as a background
+                            # job inherits it ignored, and the harness keeps an inherited ignore (nohup)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not (hang.exists() and hang.read_text().strip()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
