@@ -26,7 +26,6 @@ def _deferred(module: str, func: str = "main", *, jit_cache: bool = False):
             apply_jit_cache()
         return getattr(importlib.import_module(module), func)(argv)
 
-    run.__qualname__ = f"run {module}.{func}"
     return run
 
 
