@@ -239,10 +239,14 @@ def snapshot(root: str) -> dict[str, tuple[int, int]]:
 
 def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, list[str]]:
     """{layer: sorted names of what was built} from two ``snapshot``s: a Triton kernel by its name, a
-    FlashInfer or DeepGEMM module by its folder, any other layer by its new files' names."""
+    FlashInfer or DeepGEMM module by its folder, any other layer by its new files' names. A name whose
+    changed files all existed before is marked ``NAME (rewritten)``: the same entry written again (a
+    module rebuilt over its old output, the driver's cache index updated) rather than a kernel the
+    cache did not hold."""
     import os
 
     built: dict[str, set[str]] = {}
+    new: dict[str, set[str]] = {}
     for rel, stat in after.items():
         if before.get(rel) == stat or rel.endswith(_NOT_COMPILED_SUFFIXES):
             continue
@@ -261,7 +265,10 @@ def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[in
         else:
             name = parts[-1]
         built.setdefault(layer, set()).add(name)
-    return {layer: sorted(names) for layer, names in sorted(built.items())}
+        if rel not in before:
+            new.setdefault(layer, set()).add(name)
+    return {layer: sorted(n if n in new.get(layer, ()) else f"{n} (rewritten)" for n in names)
+            for layer, names in sorted(built.items())}
 
 
 def compiled_line(root: str, built: dict[str, list[str]]) -> str:

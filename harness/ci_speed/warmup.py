@@ -10,7 +10,8 @@ shape, vLLM's engine start. Several processes compiling the same kernel at once 
 stall for minutes, so the parallel GPU tier (``.ci/gpu-tier``) runs this first, in
 one process, and fans out after. It runs the production side only (no reference,
 no verdict) of every module-level side-by-side case, which covers every shape the
-GPU tier's module-level cases use, and builds the engines (``_default_engines``: the eager
+GPU tier's module-level cases use (a reload case runs whole: its production side is vLLM's
+in-place weight reload, which no plain load runs), and builds the engines (``_default_engines``: the eager
 engine case, every engine case of ``bisect-check`` -- its two-MTP-layer case runs vLLM's
 multi-module speculator and its Triton kernels -- and every CUDA-graph engine case, whose capture
 and graph-mode kernels an eager engine never builds) and generates with each.
@@ -463,6 +464,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
     gpu_cases = case_registry.specs(kind="module", without="probe")
     engine_cases = case_registry.specs(kind="engine")
     from ..production.engine.generation_judge import run_case as run_engine_case
+    from ..production.module.reload import run_reload_case
     from ..production.module.side_by_side import run_production_side
 
     def step(name, fn):
@@ -483,9 +485,13 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
 
         def module_level(case=case):
             try:
-                run_production_side(case)  # the side by side's production half; no reference, no verdict
-            except Exception as exc:  # a case that exists to show a known vLLM gap stops at its load
-                if not (case.upstream_gaps and getattr(exc, "problems", None)):
+                if case.reload_seed is not None:  # its production side is vLLM's in-place reload, which a
+                    run_reload_case(case)        # plain load never runs (its verdict is not looked at)
+                else:
+                    run_production_side(case)  # the side by side's production half; no reference, no verdict
+            except Exception as exc:  # a case that exists to show a known vLLM gap stops at its load; a
+                # reload vLLM refused is bisect-check's finding to judge (exit 1), not a host that cannot warm
+                if not ((case.upstream_gaps or case.reload_seed is not None) and getattr(exc, "problems", None)):
                     raise
             torch.cuda.empty_cache()
 

@@ -52,6 +52,15 @@ def test_new_kernels_are_named_by_library_and_the_rest_is_not_a_compilation(tmp_
     line = jit_cache.compiled_line(str(tmp_path), built)
     assert line.startswith("JIT: compiled under ") and "triton 2: _shift_input_ids_kernel, fused_moe_kernel" in line
     assert "\n" not in line
+    # an entry written again (the driver's cache index updated, a module rebuilt over its old output)
+    # is told apart from one the cache did not hold
+    before = jit_cache.snapshot(str(tmp_path))
+    _write(tmp_path, "cuda/ComputeCache/index", b"yyy")
+    _write(tmp_path, "cuda/ComputeCache/4/b/4b04c29f97e227", b"sass")
+    _write(tmp_path, "flashinfer/.cache/flashinfer/0.7.4/90a/cached_ops/sampling/sampling.so", b"rebuilt")
+    _write(tmp_path, "triton/CCCC/fused_moe_kernel.json", b"{}")  # no cubin written: no Triton kernel built
+    assert jit_cache.compiled_since(before, jit_cache.snapshot(str(tmp_path))) == {
+        "cuda": ["4b04c29f97e227", "index (rewritten)"], "flashinfer": ["sampling (rewritten)"]}
 
 
 def test_the_cli_watches_judged_commands_under_a_cache_root_only(tmp_path, monkeypatch, capsys):

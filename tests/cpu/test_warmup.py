@@ -694,3 +694,43 @@ def test_each_lane_and_prefetch_is_timed_to_its_own_end(monkeypatch):
     assert lane["lane_span_s"][1] - lane["lane_span_s"][0] >= 1.5
     assert pre["span_s"][1] < lane["lane_span_s"][1] - 0.5, (pre, lane)
     assert pre["seconds"] < 1.0 and pre["last_line"] == "prefetch: built"
+
+
+def test_a_reload_case_is_warmed_through_vllms_reload_and_a_refused_reload_is_not_a_cold_host(monkeypatch):
+    """A reload case's production side is vLLM's in-place weight reload, which no plain load runs:
+    warmup runs it through ``run_reload_case`` (bisect-check's own path for it), every other module
+    case through the production half of the side by side. A reload vLLM refuses (``problems``) is a
+    finding for bisect-check, not a host that cannot warm; any other failure still is."""
+    import argparse
+
+    from harness.ci_speed import warmup
+    from harness.production.module import reload as module_reload, side_by_side
+
+    specs = case_registry.specs(kind="module", without="probe")
+    reload_id = next(c for c, s in specs.items() if s.reload_seed is not None)
+    plain_id = next(c for c, s in specs.items() if s.reload_seed is None and not s.upstream_gaps)
+    ran, refuse = [], []
+
+    def reload_case(case, **kw):
+        ran.append(("reload", case.id))
+        if refuse:
+            raise refuse[0]
+
+    monkeypatch.setattr(module_reload, "run_reload_case", reload_case)
+    monkeypatch.setattr(side_by_side, "run_production_side", lambda case, **kw: ran.append(("load", case.id)))
+    monkeypatch.setattr(warmup, "write_stamp", lambda *a, **k: None)
+    args = argparse.Namespace(engine=None, no_engine=True)
+    todo = {reload_id: "f1", plain_id: "f2"}
+
+    def warm():
+        rep = {"steps": [], "versions": {}}
+        warmup._in_this_process(rep, [reload_id, plain_id], todo, args, None, lambda *a, **k: None)
+        return [s["name"] for s in rep["steps"]]
+
+    assert warm() == [reload_id, plain_id] and ran == [("reload", reload_id), ("load", plain_id)]
+    from harness.production.module.audit import LoadAuditError
+    refuse.append(LoadAuditError(["reload: vLLM's reload_weights raised ValueError: x"]))
+    assert warm() == [reload_id, plain_id]
+    refuse[0] = RuntimeError("CUDA error: out of memory")
+    with pytest.raises(warmup.CannotJudge, match=f"warmup {reload_id}: RuntimeError"):
+        warm()
