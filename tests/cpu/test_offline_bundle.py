@@ -377,6 +377,22 @@ def test_install_end_to_end(parts, jit_pack_dir, tmp_path, _store):
     assert cutlass_file.startswith(str(env_dir)), "the .pth put the bundled DSL first on sys.path"
 
 
+def test_a_reinstall_from_a_shell_with_the_env_on_path_builds_on_the_host_interpreter(parts, tmp_path, _store):
+    """The usage line puts ENV_DIR/bin first on PATH; installing again from that shell must still
+    build the new environment on the host's interpreter (its packages visible), not on the
+    environment being replaced. PYTHON naming an interpreter inside ENV_DIR is refused in one line."""
+    env_dir = tmp_path / "vllm-env"
+    assert _install(parts, env_dir).returncode == 0
+    path = f"{env_dir / 'bin'}:{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}"
+    r = _sh(TOOLS / "install.sh", parts, env_dir, env={"PATH": path, "PYTHON": "python3"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run_in(env_dir, "import hyv4_fake_dep, pytest; print(hyv4_fake_dep.VALUE)")
+    assert r.returncode == 0 and r.stdout.split() == ["1.0"], r.stderr
+    r = _install(parts, env_dir, PYTHON=str(env_dir / "bin" / "python3"))
+    _refusal(r, f"PYTHON={env_dir}/bin/python3", "which this install replaces")
+    assert (env_dir / "pyvenv.cfg").is_file(), "refused before anything was removed"
+
+
 def _python_without_dsl() -> str:
     """This venv's base interpreter, when it has pip and no CuTe DSL of its own (else the test skips):
     a host like the GPU host, where only the bundle can bring the DSL."""

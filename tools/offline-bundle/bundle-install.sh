@@ -36,6 +36,18 @@ version=${version:-unversioned}
 base=$(field "$HERE/MANIFEST" base)
 ENV_DIR=${ENV_DIR:-/tmp/vllm-$version}
 
+# The host's interpreter, resolved once, and never ENV_DIR's own: with ENV_DIR/bin first on PATH (as
+# the usage above runs the GPU commands), `python3` named the old environment before it was removed
+# and the new one after, and the new environment was built on itself, without the host's packages.
+env_phys=$(realpath -m -- "$ENV_DIR")
+PATH=$(printf '%s\n' "$PATH" | tr ':' '\n' | { grep -vxF -e "$ENV_DIR/bin" -e "$env_phys/bin" || true; } | paste -sd: -)
+py=$(command -v -- "$PYTHON") || die "PYTHON=$PYTHON: no such interpreter on PATH (ENV_DIR/bin left out: it is replaced)"
+py_dir=$(cd "$(dirname -- "$py")" && pwd -P) || die "PYTHON=$PYTHON: cannot resolve $py"
+case "$py_dir/" in
+  "$env_phys/"*) die "PYTHON=$PYTHON is $py, inside $ENV_DIR, which this install replaces: name the host's interpreter" ;;
+esac
+PYTHON=$py_dir/${py##*/}
+
 # A bundle's wheels come as deps.tar.xz (stored wheels, xz'd together) or, in
 # bundles from before it, as deps/*.whl; deps/ is unpacked once and reused.
 unpack_wheels() {
