@@ -441,6 +441,19 @@ def test_a_bundle_without_the_cu13_dsl_is_refused_and_leaves_no_env(tmp_path):
     assert not env_dir.exists(), "a failed install leaves no half-built environment"
 
 
+def test_a_vllm_tarball_that_does_not_unpack_is_refused_and_leaves_no_env(tmp_path):
+    """vLLM is untarred beside pip's install of the wheels: its failure still fails the install,
+    in one line naming the tarball, and removes the half-built environment."""
+    stage = _stage(tmp_path / "stage")
+    tarball = stage / "bundle" / "vllm.tar.xz"
+    tarball.write_bytes(tarball.read_bytes()[: tarball.stat().st_size // 2])
+    assert _sh(TOOLS / "pack.sh", stage, tmp_path / "parts", PART).returncode == 0
+    env_dir = tmp_path / "vllm-env"
+    r = _install(tmp_path / "parts", env_dir)
+    _refusal(r, "vllm.tar.xz does not unpack: ")
+    assert not env_dir.exists(), "a failed install leaves no half-built environment"
+
+
 def test_parts_of_a_bundle_from_before_manifest_still_install(tmp_path):
     """deflated deps/*.whl, no MANIFEST: installed as 'unversioned'."""
     stage = _stage(tmp_path / "stage", legacy=True)

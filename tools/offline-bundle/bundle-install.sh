@@ -50,11 +50,15 @@ PYTHON=$py_dir/${py##*/}
 
 # A bundle's wheels come as deps.tar.xz (stored wheels, xz'd together) or, in
 # bundles from before it, as deps/*.whl; deps/ is unpacked once and reused.
+untar_xz() {  # untar_xz TARBALL DEST: quiet; on failure, the first line xz or tar said, on stdout
+  local err
+  err=$( { xz -T0 -d < "$1" | tar -x -C "$2"; } 2>&1 >/dev/null ) || { printf '%s\n' "${err%%$'\n'*}"; return 1; }
+}
 unpack_wheels() {
   local d=$1
   [ -d "$d/deps" ] || [ ! -f "$d/deps.tar.xz" ] || {
     rm -rf "$d/.deps.tmp" && mkdir "$d/.deps.tmp" || die "cannot write in $d"
-    xz -d < "$d/deps.tar.xz" | tar -x -C "$d/.deps.tmp" || die "$d/deps.tar.xz does not unpack"
+    msg=$(untar_xz "$d/deps.tar.xz" "$d/.deps.tmp") || die "$d/deps.tar.xz does not unpack: $msg"
     { mkdir -p "$d/.deps.tmp/deps" && mv "$d/.deps.tmp/deps" "$d/deps" && rmdir "$d/.deps.tmp"; } ||
       die "cannot move the unpacked wheels to $d/deps"
   }
@@ -99,11 +103,16 @@ if sys.prefix != sys.base_prefix:  # the host's python3 is a venv: its packages 
         with open(os.path.join(target, "00-hyv4-host-site.pth"), "w") as f:
             f.write("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs) + "\n")
 PY
-xz -d < "$HERE/vllm.tar.xz" | tar -x -C "$site" || die "$HERE/vllm.tar.xz does not unpack"
+# vLLM is untarred beside pip's install of the wheels: their top-level names are disjoint (vllm/ is
+# in no wheel), and each xz block decompresses on its own core (-T0; an xz without threads ignores it).
+untar_xz "$HERE/vllm.tar.xz" "$site" > "$ENV_DIR/.untar-vllm" &
+untar=$!
 if [ ${#wheels[@]} -gt 0 ]; then
   PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$site" "${wheels[@]}" || die "pip could not install the bundled wheels into $site"
+      --target "$site" "${wheels[@]}" || { wait "$untar"; die "pip could not install the bundled wheels into $site"; }
 fi
+wait "$untar" || die "$HERE/vllm.tar.xz does not unpack: $(cat "$ENV_DIR/.untar-vllm")"
+rm -f "$ENV_DIR/.untar-vllm"
 
 # The check runs the environment's own python without PYTHONPATH (a PYTHONPATH
 # left from the old instructions would hide a .pth that does not work). It
