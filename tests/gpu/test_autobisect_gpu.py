@@ -111,3 +111,12 @@ def test_autobisect_names_the_planted_commit(tmp_path, production_gate):
     assert _git(src, "rev-parse", "HEAD") == shas["harmless-4"]
     assert _git(src, "symbolic-ref", "--short", "HEAD") == "main"
     print(f"autobisect: {len(doc['steps'])} steps, {doc['seconds_per_step']} s per step, {doc['seconds']} s in all")
+    # the seconds per step, kept where the tier keeps its reports (nightly: OUT_DIR/tier/reports), so
+    # every GPU tier measures them (benchmarks/bench_autobisect.py --gpu runs this test alone)
+    out = os.environ.get("HYV4_REPORT_DIR", "").strip()
+    if out:
+        import vllm
+        with open(os.path.join(out, "autobisect_gpu.json"), "w") as f:
+            json.dump({"vllm": vllm.__version__, "steps": len(doc["steps"]),
+                       "seconds_per_step": doc["seconds_per_step"], "seconds": doc["seconds"],
+                       "per_step": doc["steps"]}, f, indent=1, default=str)
