@@ -74,16 +74,27 @@ DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: th
 def _default_engines() -> tuple[str, ...]:
     """The eager engine case, every engine case a ``bisect-check`` runs (``--graphs`` included), then
     every other CUDA-graph engine case (each its own configuration of capture, torch.compile and
-    draft-decode kernels: K, index sharing, padded batch sizes). A bisect case with two MTP layers
-    runs vLLM's multi-module speculator, whose input kernels (Triton) no one-layer case builds."""
+    draft-decode kernels: K, index sharing, padded batch sizes, the drafter's own options). A bisect
+    case with two MTP layers runs vLLM's multi-module speculator, whose input kernels (Triton) no
+    one-layer case builds. A graph-mode reload case is warmed too, through its reload path: its
+    configuration is its own (torch.compile builds the model it holds, which no other case may)."""
     engine_cases = case_registry.specs(kind="engine")
 
     bisect = [*case_registry.ids(role="bisect", kind="engine"), *case_registry.ids(role="graph-bisect", kind="engine")]
-    # (a reload case runs through the engine's reload path, not run_case; its graph kernels are
-    # those of the same configuration without the reload)
     graphs = [cid for cid, spec in engine_cases.items() if spec.graphs]
-    chosen = [cid for cid in (DEFAULT_ENGINE_CASE, *bisect, *graphs) if engine_cases[cid].reload_seed is None]
-    return tuple(dict.fromkeys(chosen))
+    return tuple(dict.fromkeys((DEFAULT_ENGINE_CASE, *bisect, *graphs)))
+
+
+def _warm_engine(case) -> None:
+    """One engine case the way the tier runs it (quiet): a reload case through the engine's reload
+    path (two generations around vLLM's in-place weight update), any other through ``run_case``."""
+    quiet = lambda *a, **k: None  # noqa: E731 - the verdict is not looked at
+    if case.reload_seed is not None:
+        from ..production.engine.reload import run_reload_engine_case
+        run_reload_engine_case(case, log=quiet)
+    else:
+        from ..production.engine.generation_judge import run_case
+        run_case(case, log=quiet)
 
 
 def engines_of(args) -> list[str]:
@@ -463,7 +474,6 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
 
     gpu_cases = case_registry.specs(kind="module", without="probe")
     engine_cases = case_registry.specs(kind="engine")
-    from ..production.engine.generation_judge import run_case as run_engine_case
     from ..production.module.reload import run_reload_case
     from ..production.module.side_by_side import run_production_side
 
@@ -498,7 +508,7 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
         step(cid, module_level)
     for i, eid in enumerate(engines):
         if i == 0:  # the first engine in this process, as the module cases
-            step(eid, lambda eid=eid: run_engine_case(engine_cases[eid], log=lambda *a, **k: None))
+            step(eid, lambda eid=eid: _warm_engine(engine_cases[eid]))
         else:  # a further vllm.LLM in one process is not what the tier runs: its own process each
             step(eid, lambda eid=eid: _engine_in_child(eid))
 

@@ -247,10 +247,11 @@ CI_SPEED_SHARED = ("harness.atomic", "harness.exitcodes", "harness.input_checks"
                    "harness.process_exit")
 CI_SPEED_MAY_IMPORT = {
     # it runs the production side of every GPU case to compile its kernels, asking first whether
-    # production can run here
+    # production can run here; a reload case through its reload path (module or engine)
     "harness.ci_speed.warmup": ("harness.production.can_run", "harness.case_registry",
                                 "harness.production.engine.engine_env", "harness.production.engine.generation_judge",
-                                "harness.production.module.side_by_side"),
+                                "harness.production.module.side_by_side", "harness.production.module.reload",
+                                "harness.production.engine.reload"),
     # the kernels warmup prefetches: which the GPU cases need; the device nodes, without torch
     "harness.ci_speed.kernel_prefetch": ("harness.production.can_run", "harness.case_registry"),
     # the GPU device nodes (is there a GPU to tune for, one per worker), without importing torch

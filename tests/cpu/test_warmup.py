@@ -367,7 +367,7 @@ def test_the_default_warmup_builds_every_cuda_graph_engine_case():
 
     args = argparse.Namespace(engine=None, no_engine=False)
     engines = engines_of(args)
-    graphs = [c for c, spec in engine_cases.items() if spec.graphs and spec.reload_seed is None]
+    graphs = [c for c, spec in engine_cases.items() if spec.graphs]
     assert engines[0] == DEFAULT_ENGINE_CASE and set(graphs) <= set(engines) and len(graphs) >= 3
     # every engine case bisect-check runs (with --graphs too): the two-MTP-layer bisect case runs
     # vLLM's multi-module speculator, whose Triton input kernels no one-layer case builds
@@ -375,8 +375,9 @@ def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     assert bisect <= set(engines)
     assert any(engine_cases[e].overrides and dict(engine_cases[e].overrides).get("num_nextn_predict_layers") == 2
                for e in engines)
-    # a reload case runs through the engine's reload path (run_case refuses it): never a warmup step
-    assert not any(engine_cases[e].reload_seed is not None for e in engines)
+    # a graph-mode reload case is warmed (its own drafter options: a model no other case compiles),
+    # through the engine's reload path (_warm_engine; run_case refuses it)
+    assert any(engine_cases[e].reload_seed is not None for e in graphs)
     _, lanes = plan_lanes(["tiny-k1", "tiny-k3-share"], engines, 8)
     assert sorted(e for lane in lanes for e in lane["engines"]) == sorted(engines)
     assert all(len(lane["engines"]) <= 1 for lane in lanes)
@@ -734,3 +735,19 @@ def test_a_reload_case_is_warmed_through_vllms_reload_and_a_refused_reload_is_no
     refuse[0] = RuntimeError("CUDA error: out of memory")
     with pytest.raises(warmup.CannotJudge, match=f"warmup {reload_id}: RuntimeError"):
         warm()
+
+
+def test_an_engine_case_is_warmed_through_the_path_the_tier_runs_it(monkeypatch):
+    """A reload engine case goes through the engine's reload path (``run_case`` refuses it), any
+    other engine case through ``run_case``."""
+    from harness.ci_speed import warmup
+    from harness.production.engine import generation_judge, reload as engine_reload
+
+    ran = []
+    monkeypatch.setattr(generation_judge, "run_case", lambda case, **kw: ran.append(("run_case", case.id)))
+    monkeypatch.setattr(engine_reload, "run_reload_engine_case", lambda case, **kw: ran.append(("reload", case.id)))
+    engine_cases = case_registry.specs(kind="engine")
+    reload_id = next(c for c, s in engine_cases.items() if s.graphs and s.reload_seed is not None)
+    for cid in (warmup.DEFAULT_ENGINE_CASE, reload_id):
+        warmup._warm_engine(engine_cases[cid])
+    assert ran == [("run_case", warmup.DEFAULT_ENGINE_CASE), ("reload", reload_id)]
