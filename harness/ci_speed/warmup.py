@@ -87,11 +87,16 @@ def _default_engines() -> tuple[str, ...]:
 
 def _warm_engine(case) -> None:
     """One engine case the way the tier runs it (quiet): a reload case through the engine's reload
-    path (two generations around vLLM's in-place weight update), any other through ``run_case``."""
+    path (two generations around vLLM's in-place weight update), any other through ``run_case``. A
+    reload vLLM refuses (``problems``) is the judged run's finding, not a host that cannot warm."""
     quiet = lambda *a, **k: None  # noqa: E731 - the verdict is not looked at
     if case.reload_seed is not None:
         from ..production.engine.reload import run_reload_engine_case
-        run_reload_engine_case(case, log=quiet)
+        try:
+            run_reload_engine_case(case, log=quiet)
+        except Exception as exc:
+            if not getattr(exc, "problems", None):
+                raise
     else:
         from ..production.engine.generation_judge import run_case
         run_case(case, log=quiet)

@@ -743,11 +743,24 @@ def test_an_engine_case_is_warmed_through_the_path_the_tier_runs_it(monkeypatch)
     from harness.ci_speed import warmup
     from harness.production.engine import generation_judge, reload as engine_reload
 
-    ran = []
+    ran, refuse = [], []
+
+    def reload_case(case, **kw):
+        ran.append(("reload", case.id))
+        if refuse:
+            raise refuse[0]
+
     monkeypatch.setattr(generation_judge, "run_case", lambda case, **kw: ran.append(("run_case", case.id)))
-    monkeypatch.setattr(engine_reload, "run_reload_engine_case", lambda case, **kw: ran.append(("reload", case.id)))
+    monkeypatch.setattr(engine_reload, "run_reload_engine_case", reload_case)
     engine_cases = case_registry.specs(kind="engine")
     reload_id = next(c for c, s in engine_cases.items() if s.graphs and s.reload_seed is not None)
     for cid in (warmup.DEFAULT_ENGINE_CASE, reload_id):
         warmup._warm_engine(engine_cases[cid])
     assert ran == [("run_case", warmup.DEFAULT_ENGINE_CASE), ("reload", reload_id)]
+    # a reload vLLM refuses is the judged run's finding; any other failure still stops the warmup
+    from harness.production.module.audit import LoadAuditError
+    refuse.append(LoadAuditError(["reload: vLLM's reload_weights raised ValueError: x"]))
+    warmup._warm_engine(engine_cases[reload_id])
+    refuse[0] = RuntimeError("CUDA error: out of memory")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        warmup._warm_engine(engine_cases[reload_id])
