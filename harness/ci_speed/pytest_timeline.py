@@ -74,11 +74,13 @@ def _finite_time(t) -> bool:
 
 
 def summarize(directory: str) -> dict:
-    """{"processes": {who: {...}}, "critical": who} from a recorded run: per process, seconds
-    from the earliest recorded process start to its start, configure, collection and end; its
-    tests, busy seconds (sum of test spans), idle seconds between its first test's start and its
+    """{"processes": {who: {...}}, "critical": who, "runs": n} from a recorded run: per process,
+    seconds from the earliest recorded process start to its start, configure, collection and end;
+    its tests, busy seconds (sum of test spans), idle seconds between its first test's start and its
     last finish, and the test it ran last. ``critical`` is the process whose last test finished
-    last."""
+    last. Each process appends to its file, so a folder several pytest runs recorded into holds them
+    all: ``runs`` counts them by the controller's (``main``) starts, and only the latest is summarized
+    (the events from its start on; a worker file left by an earlier run only is not a process of it)."""
     from ..exitcodes import CLIError
     from ..input_checks import read_bytes
 
@@ -99,6 +101,9 @@ def summarize(directory: str) -> dict:
                     e.get("t") is None or _finite_time(e["t"])) and (
                     e["event"] not in ("start", "finish") or isinstance(e.get("nodeid"), str)):
                 events.append(e)  # anything else is not a record of ours
+    mains = sorted(e["t"] for e in events if e["who"] == "main" and e["event"] == "process" and e.get("t"))
+    if len(mains) > 1:  # the latest run: its controller starts before its workers, whose events follow
+        events = [e for e in events if e.get("t") is not None and e["t"] >= mains[-1]]
     starts = [e["t"] for e in events if e.get("event") == "process" and e.get("t")]
     t0 = min(starts or [e["t"] for e in events if e.get("t")] or [0.0])
     procs: dict[str, dict] = {}
@@ -123,7 +128,8 @@ def summarize(directory: str) -> dict:
         if "first_test_s" in p and "last_finish_s" in p:
             p["idle_s"] = round(p["last_finish_s"] - p["first_test_s"] - p["busy_s"], 1)
     ran = {w: p for w, p in procs.items() if "last_finish_s" in p}
-    return {"processes": procs, "critical": max(ran, key=lambda w: ran[w]["last_finish_s"]) if ran else None}
+    return {"processes": procs, "critical": max(ran, key=lambda w: ran[w]["last_finish_s"]) if ran else None,
+            "runs": max(1, len(mains))}
 
 
 MAX_TIMELINE_BYTES = 256 << 20  # one process's timeline: a line per test start and finish
@@ -134,6 +140,8 @@ def format_summary(summary: dict) -> list[str]:
         return f"{p[k]:7.1f}" if k in p else "      -"
 
     lines = ["process   start  config collect  1st test  tests   busy   idle  last end   (s from the first start)"]
+    if summary.get("runs", 1) > 1:
+        lines[0] += f"; the latest of {summary['runs']} runs recorded here"
     for who in sorted(summary["processes"], key=lambda w: (w != "main", len(w), w)):
         p = summary["processes"][who]
         mark = "  <- critical" if who == summary["critical"] else ""

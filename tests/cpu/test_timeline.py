@@ -51,6 +51,28 @@ def test_a_recorded_run_summarizes_per_process(tmp_path, monkeypatch):
     assert len(table) == 4 and table[1].startswith("main") and table[-1].endswith("<- critical")
 
 
+def test_a_folder_of_several_runs_is_summarized_by_its_latest(tmp_path):
+    """Each process appends to its file: a second run into the same folder (fewer workers) must not
+    start its clock at the first run's start, nor count the first run's tests or its extra worker."""
+    def run(t0, workers, tests):
+        for who in ("main", *workers):
+            with open(tmp_path / f"{who}.jsonl", "a") as f:
+                start = t0 if who == "main" else t0 + 1
+                f.write(json.dumps({"who": who, "event": "process", "t": start}) + "\n")
+                for i in range(tests if who != "main" else 0):
+                    f.write(json.dumps({"who": who, "event": "start", "nodeid": f"{who}-{i}",
+                                        "t": start + 2 + i}) + "\n")
+                    f.write(json.dumps({"who": who, "event": "finish", "nodeid": f"{who}-{i}",
+                                        "t": start + 2.5 + i}) + "\n")
+    run(1000.0, ("gw0", "gw1", "gw2"), 3)
+    run(5000.0, ("gw0",), 2)
+    s = timeline.summarize(str(tmp_path))
+    assert s["runs"] == 2 and sorted(s["processes"]) == ["gw0", "main"]
+    assert s["processes"]["main"]["process_s"] == 0.0 and s["processes"]["gw0"]["process_s"] == 1.0
+    assert s["processes"]["gw0"]["tests"] == 2 and s["processes"]["gw0"]["last_finish_s"] == 4.5
+    assert "the latest of 2 runs" in timeline.format_summary(s)[0]
+
+
 def test_a_line_cut_by_a_kill_or_not_ours_is_skipped(tmp_path):
     (tmp_path / "gw0.jsonl").write_text(
         json.dumps({"who": "gw0", "event": "process", "t": 1.0}) + "\n"
