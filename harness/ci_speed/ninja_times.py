@@ -24,6 +24,8 @@ import os
 import struct
 import time
 
+from ..atomic import atomic_write_bytes
+
 BUILD_LOG = ".ninja_log"
 DEPS_LOG = ".ninja_deps"
 _DEPS_SIGNATURE = b"# ninjadeps\n"
@@ -60,7 +62,7 @@ def _write_build_log(path: str, stamp_ns: int) -> None:
         fields = line.split("\t")
         fields[2] = str(stamp_ns)
         out.append("\t".join(fields))
-    _replace(path, ("\n".join(out) + "\n").encode("utf-8", errors="surrogateescape"))
+    atomic_write_bytes(path, ("\n".join(out) + "\n").encode("utf-8", errors="surrogateescape"))
 
 
 def _deps_log(path: str, stamp_ns: int) -> list[str] | None:
@@ -99,15 +101,8 @@ def _deps_log(path: str, stamp_ns: int) -> list[str] | None:
             raw = bytes(buf[body:body + size - 4]).rstrip(b"\0")
             paths.append(raw.decode("utf-8", errors="surrogateescape"))
         at = body + size
-    _replace(path, bytes(buf))
+    atomic_write_bytes(path, bytes(buf))
     return outs
-
-
-def _replace(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def date_restored(trees: list[str], now_ns: int | None = None) -> dict[str, int]:

@@ -237,13 +237,14 @@ def _show(conn, args, f, say) -> int:
         by_run.setdefault(c["run_id"], []).append(c)
     say(f"{'started (UTC)':20s} {'kind':15s} {'verdict':12s} {'vLLM':22s} {'commit':12s} {'rows':>5s} "
         f"{'worst max|d|/atol':34s} platform")
-    def judged_ratio(c):  # over a golden's settled rows where it has order-variant ones, as drift reads it
-        settled, atol = c.get("max_abs_settled"), c.get("atol")
-        return settled / atol if settled is not None and atol else c["ratio"]
+    from harness.history.drift import drift_value
+
+    def judged_ratio(c):  # the value drift judges (settled rows where a golden has order-variant ones), / atol
+        return drift_value(c) / c["atol"] if c.get("max_abs_settled") is not None and c.get("atol") else c["ratio"]
 
     for r in runs:
         rows = by_run.get(r["run_id"], [])
-        ratios = [(judged_ratio(c), c) for c in rows if judged_ratio(c) is not None]
+        ratios = [(ratio, c) for c in rows if (ratio := judged_ratio(c)) is not None]
         worst = max(ratios, key=lambda rc: rc[0]) if ratios else None
         w = (f"{worst[0]:.3g} {worst[1]['case_id'].split('/')[-1]} {worst[1]['component']}"[:34] if worst
              else "-")

@@ -61,7 +61,7 @@ def _moved(latest: float, median: float, factor: float) -> bool:
     return max(latest / median, median / latest) > factor
 
 
-def _drift_value(row) -> float | None:
+def drift_value(row) -> float | None:
     """The value a component's drift is judged on: its max |d| over the rows settled run to run where
     the run recorded one (a golden / baseline comparison: rows whose context exceeds index_topk are
     summed in an order that varies between runs of one commit, within tolerance: measured 0 vs
@@ -115,13 +115,13 @@ def find_drift(conn, filters: Filters | None = None, *, factor: float, window: i
 
         common = dict(platform=platform, run_id=latest["run_id"], started_at=latest["started_at"],
                       vllm=latest["vllm"])
-        now, past = series(comps, lambda r: (r["case_id"], r["component"]), _drift_value)
+        now, past = series(comps, lambda r: (r["case_id"], r["component"]), drift_value)
         for (cid, comp), row in sorted(now.items()):
             vals = past.get((cid, comp), [])
             if not row["passed"] or len(vals) < min_runs:
                 continue
             med = statistics.median(vals)
-            value = _drift_value(row)
+            value = drift_value(row)
             if _moved(value, med, factor):
                 detail = (f" ({row['ratio']:.2g} of atol {row['atol']:.1e})" if row.get("ratio") is not None
                           else "")

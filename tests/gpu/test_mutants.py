@@ -40,8 +40,7 @@ def test_mutant_detected(name):
 def test_golden_mutant_caught_against_a_host_baseline(name, tmp_path, capsys, monkeypatch):
     """A golden-only planted bug (below the reference tolerance: only a golden or a baseline sees it)
     must make bisect-check exit 1 against a baseline of its case recorded on this host first, and
-    must apply: a plant that applies to none of the cases is 125 (NOT JUDGED), never a pass. (On
-    vLLM 0.34.0 the drift test's run of this plant left every component bit-identical.)"""
+    must apply: a plant that applies to none of the cases is 125 (NOT JUDGED), never a pass."""
     from harness.cli import main
 
     m = M.BY_NAME[name]

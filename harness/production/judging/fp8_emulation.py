@@ -40,11 +40,11 @@ EXACT reference, which gives the max errors the FP8 tolerances start from.
 from __future__ import annotations
 
 import argparse
-
-from harness.exitcodes import OneLineParser
 import dataclasses
 
 import torch
+
+from harness.exitcodes import OneLineParser
 
 import reference as R
 from harness.production.judging.fp8_numerics import VARIANTS, Fp8Numerics, case_inputs_cached, production_weights

@@ -23,8 +23,6 @@ May import: vLLM (lazily), ``reference``, ``harness``, ``harness.production.case
 from __future__ import annotations
 
 import argparse
-
-from harness.exitcodes import OneLineParser
 import dataclasses
 import glob
 import json
@@ -35,6 +33,7 @@ import traceback
 import torch
 
 from harness.atomic import atomic_write_json
+from harness.exitcodes import CannotJudge, CLIError, OneLineParser, first_line, printable, run_guarded
 from harness import case_registry
 from harness.case_specs import GpuCase
 from harness.production.case_inputs import CaseInputs, _case_from_dict, build_inputs, reload_set_b
@@ -102,7 +101,6 @@ def check_expected_unquantized(case: GpuCase, model) -> dict | None:
     one that does not exist means the case no longer describes this vLLM (cannot judge)."""
     if not case.expect_unquantized:
         return None
-    from harness.exitcodes import CannotJudge
     from harness.production.module import audit
 
     methods = audit.module_quant_methods(model)
@@ -225,11 +223,9 @@ def load_saved_traces(out_dir: str) -> dict[str, dict[str, torch.Tensor]]:
         try:
             tensors = load_bytes(read_bytes(path, path, MAX_SAVED_TRACE_BYTES))
         except Exception as exc:  # noqa: BLE001 - safetensors' parse errors have no common base: bad input
-            from harness.exitcodes import CLIError, first_line, printable
             raise CLIError(f"{printable(path)}: not a safetensors file ({first_line(str(exc))[:160]})") from None
         for key, v in tensors.items():
             if "/" not in key:
-                from harness.exitcodes import CLIError, printable
                 raise CLIError(f"{printable(path)}: tensor {printable(key)[:80]!r} is not named CASE/COMPONENT: "
                                "not a saved production trace")
             cid, k = key.split("/", 1)
@@ -246,13 +242,10 @@ def rejudge(in_dir: str, out_dir: str | None = None, case_ids=None) -> tuple[int
     """
     from harness.input_checks import read_json
 
-    summary = read_json(os.path.join(in_dir, "side_by_side.json"), os.path.join(in_dir, "side_by_side.json"))
-    if not isinstance(summary, dict):
-        from harness.exitcodes import CLIError
-        raise CLIError(f"{os.path.join(in_dir, 'side_by_side.json')}: not a saved side-by-side summary")
-    from harness.exitcodes import CLIError, first_line, printable
-
     where = os.path.join(in_dir, "side_by_side.json")
+    summary = read_json(where, where)
+    if not isinstance(summary, dict):
+        raise CLIError(f"{printable(where)}: not a saved side-by-side summary")
     entries = summary.get("cases", [])
     if not isinstance(entries, list):
         raise CLIError(f"{printable(where)}: 'cases' is not a list: not a saved side-by-side summary")
@@ -324,7 +317,6 @@ def main(argv=None) -> int:
     if unknown:  # bad input: said before the GPU question, on any machine (exit 2)
         ap.error(f"--case: unknown case(s) {', '.join(unknown[:5])}; known: {', '.join([*gpu_cases, *probe_cases])}")
     from harness import input_checks as check
-    from harness.exitcodes import CLIError
 
     try:  # bad input: one line, exit 2, before the GPU question
         if args.rejudge:
@@ -342,8 +334,6 @@ def main(argv=None) -> int:
     if args.reload:
         ids += [c for c in reload_ids if c not in ids]
     if args.rejudge:
-        from harness.exitcodes import run_guarded
-
         return run_guarded(lambda: rejudge(args.rejudge, args.out, ids or None)[0])
     out = args.out or os.environ.get("OUT", "out")
     from harness.production.can_run import cannot_run_production_reason
