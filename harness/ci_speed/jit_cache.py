@@ -157,9 +157,9 @@ PRECOMPILE_MIN_CPUS = 8  # below this, compiling every module costs more than co
 PRECOMPILED = "hyv4-precompiled.json"  # in the bytecode layer: {package dir: the Python that compiled it}
 
 
-def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]:
-    """Compile every source of ``packages`` into the bytecode layer (``sys.pycache_prefix``, set
-    by ``apply_jit_cache``) on all cores, once per layer and Python: the package directories
+def precompile_bytecode(packages=None, min_cpus: int | None = None, prefix: str | None = None) -> list[str]:
+    """Compile every source of ``packages`` into the bytecode layer (``prefix``, else
+    ``sys.pycache_prefix`` as ``apply_jit_cache`` set it) on all cores, once per layer and Python: the package directories
     this call compiled, ``[]`` when there was nothing to do (no layer, fewer than ``min_cpus``
     cores, or done before). Locates the packages without importing them. A source that does not
     compile is left to the import that needs it (which raises as it would have)."""
@@ -172,7 +172,7 @@ def precompile_bytecode(packages=None, min_cpus: int | None = None) -> list[str]
 
     packages = PRECOMPILE_PACKAGES if packages is None else packages
     min_cpus = PRECOMPILE_MIN_CPUS if min_cpus is None else min_cpus
-    prefix = sys.pycache_prefix
+    prefix = prefix or sys.pycache_prefix
     if not prefix or (os.cpu_count() or 1) < min_cpus:
         return []
     marker = os.path.join(prefix, PRECOMPILED)

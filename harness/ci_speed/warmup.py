@@ -545,15 +545,51 @@ def restore_pack(args, log=print) -> dict:
     return {"outcome": outcome, "line": line, "seconds": round(time.perf_counter() - t0, 2)}
 
 
+def _restore_with_bytecode(args) -> dict:
+    """``--restore-only``: the pack restored while the root's bytecode layer is compiled beside it
+    (``jit_cache.precompile_bytecode``, all cores, in a thread: its ``compileall`` is a subprocess),
+    so the first command after an install finds both. The bytecode is this host's, never packed; a
+    restore that raises (bad pack, no GPU) still waits for the compile, which never fails it."""
+    import threading
+
+    root = cache_root(args)
+    compiled: list = []
+    worker = None
+    fresh_root = bool(root) and not os.path.lexists(root)
+    if root:  # the layer apply_jit_cache would name (a PYTHONPYCACHEPREFIX set outside wins); this
+        # process's own imports are left where they were (a failed restore then leaves no root behind)
+        prefix = os.environ.get(jit_cache.BYTECODE_VAR) or jit_cache.jit_cache_env(root)[jit_cache.BYTECODE_VAR]
+        worker = threading.Thread(target=lambda: compiled.extend(jit_cache.precompile_bytecode(prefix=prefix)),
+                                  daemon=True)
+        worker.start()
+    lines: list = []
+    try:
+        restored = restore_pack(args, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    except BaseException:
+        if worker is not None:
+            worker.join()
+        if fresh_root:  # a root this call made for its bytecode only: nothing is left half made
+            import shutil
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    if worker is not None:
+        worker.join()
+    for line in lines:  # the restore's line last (install.sh quotes the last line)
+        print(line, flush=True)
+    restored["bytecode_dirs"] = len(compiled)
+    return restored
+
+
 def cmd_warmup(args) -> int:
     check_arguments(args)
-    restored = restore_pack(args) if getattr(args, "restore", None) else None
     if getattr(args, "restore_only", False):
+        restored = _restore_with_bytecode(args)
         if args.report:
             from ..atomic import atomic_write_json
 
             atomic_write_json(args.report, {"cache_root": cache_root(args), "restore": restored, "steps": []})
         return EXIT_OK
+    restored = restore_pack(args) if getattr(args, "restore", None) else None
     rep = run(args)
     if restored is not None:
         rep["restore"] = restored

@@ -343,7 +343,7 @@ def test_restore_only_without_a_gpu_cannot_judge(pack, tmp_path, capsys, cli_env
     cap = capsys.readouterr()
     assert "cannot judge: " in cap.out + cap.err and "no CUDA device" in cap.out + cap.err
     assert "Traceback" not in cap.out + cap.err
-    assert not (tmp_path / "c").exists()
+    assert not (tmp_path / "c").exists(), sorted((tmp_path / "c").rglob("*"))
 
 
 @pytest.mark.parametrize("capability, outcome", [("9.0", "restored"), ("10.0", "refused")])
@@ -503,3 +503,34 @@ def test_the_pack_names_its_python_environment_and_a_restore_under_another_says_
     (other / jit_pack.MANIFEST).write_text(text)
     outcome, line = jit_pack.restore(str(other), str(tmp_path / "root"), HOST)
     assert outcome == "restored" and "packed under the Python environment /elsewhere/venv" in line, line
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_restore_only_compiles_the_bytecode_layer_beside_the_restore(pack, tmp_path, capsys, cli_env, monkeypatch,
+                                                                     gpu):
+    """The install's restore (``--restore-only``) also fills the root's bytecode layer, so the
+    first GPU command finds it warm; its line stays the last. A restore that cannot be done
+    leaves no root it made behind, bytecode included."""
+    import json
+
+    from harness.ci_speed import jit_cache
+
+    def no_gpu():
+        raise CannotJudge("the JIT cache key needs the GPU's compute capability: no CUDA device here")
+    monkeypatch.setattr(jit_pack, "host_versions", (lambda: dict(HOST)) if gpu else no_gpu)
+    monkeypatch.setattr(jit_cache, "PRECOMPILE_PACKAGES", ("json",))  # small and always there
+    monkeypatch.setattr(jit_cache, "PRECOMPILE_MIN_CPUS", 1)
+    monkeypatch.delenv(jit_cache.BYTECODE_VAR, raising=False)
+    root = tmp_path / "c"
+    code = main(["warmup", "--restore", str(pack), "--restore-only", "--cache", str(root)])
+    cap = capsys.readouterr()
+    if not gpu:
+        assert code == 125 and not root.exists(), sorted(root.rglob("*"))[:10]
+        return
+    assert code == 0
+    assert cap.out.strip().splitlines()[-1].startswith("warmup: ") and "restored" in cap.out
+    assert "bytecode: compiled 1 package dir(s)" in cap.err
+    assert any((root / "pycache").rglob("json/decoder*.pyc"))
+    assert list(json.loads((root / "pycache" / jit_cache.PRECOMPILED).read_text())) == [
+        os.path.dirname(json.__file__)]
+    assert not _layers_empty(root)
