@@ -529,3 +529,51 @@ def _unpack(parts: list[str], dest: str, layers: set[str], where: str) -> None:
 
 __all__ = ["KEY_FIELDS", "cache_key", "host_versions", "key_differences", "read_manifest", "restore",
            "verify_parts", "write_pack"]
+
+
+def restore_logged(pack: str, root: str, log=print) -> dict:
+    """``restore`` for this host's key, its line logged as ``warmup: LINE``; the report's
+    ``restore`` entry (outcome, line, seconds)."""
+    import time
+
+    t0 = time.perf_counter()
+    outcome, line = restore(pack, root, host_versions())
+    log(f"warmup: {line}", flush=True)
+    return {"outcome": outcome, "line": line, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def restore_with_bytecode(pack: str, root: str | None) -> dict:
+    """``warmup --restore-only`` (the install's restore): ``restore_logged`` while the root's
+    bytecode layer is compiled beside it (``jit_cache.precompile_bytecode``, all cores, in a thread:
+    its ``compileall`` is a subprocess), so the first command after an install finds both. The
+    bytecode is this host's, never packed. The restore's line is printed last (install.sh quotes
+    it); a restore that raises (bad pack, no GPU) still waits for the compile and leaves no root
+    this call made."""
+    import threading
+
+    from . import jit_cache
+
+    compiled: list = []
+    worker = None
+    fresh_root = bool(root) and not os.path.lexists(root)
+    if root:  # the layer apply_jit_cache would name (a PYTHONPYCACHEPREFIX set outside wins); this
+        # process's own imports are left where they were (a failed restore then leaves no root behind)
+        prefix = os.environ.get(BYTECODE_VAR) or jit_cache_env(root)[BYTECODE_VAR]
+        worker = threading.Thread(target=lambda: compiled.extend(jit_cache.precompile_bytecode(prefix=prefix)),
+                                  daemon=True)
+        worker.start()
+    lines: list = []
+    try:
+        restored = restore_logged(pack, root, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    except BaseException:
+        if worker is not None:
+            worker.join()
+        if fresh_root:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    if worker is not None:
+        worker.join()
+    for line in lines:
+        print(line, flush=True)
+    restored["bytecode_dirs"] = len(compiled)
+    return restored

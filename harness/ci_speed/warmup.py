@@ -31,14 +31,12 @@ runs only the steps the stamp does not hold for these versions, so a host with a
 kept cache pays seconds, not the ~100 s of re-running every case.
 ``--lanes N`` (.ci/gpu-tier: 4) runs the first bf16 case alone (it compiles the kernels
 every case shares), then the rest in up to N processes at once, one per kernel family:
-the FP8 checkpoints (FlashInfer's FP8 block GEMM, the longest compile), the engine,
-real dims, the other bf16 cases (measured serially on a fresh host: 179, 134,
-75 and ~70 s after the first case's 84 s, hence lanes). With lanes, each kernel a library can build alone
-(``PREFETCH``: FlashInfer's FP8 block GEMM, 146-184 s of nvcc; its sampler, ~117 s of the
-engine's start; its rope, most of the yarn case) starts beside the first case instead of
-after it; the lane that needs it waits on FlashInfer's build lock (without the prefetch the
-FP8 lane's compile followed the first case's instead of overlapping it: measured 79 s + 184 s).
-The cache root holds Python's bytecode too (``ROOT/pycache``; not packed).
+the FP8 checkpoints (FlashInfer's FP8 block GEMM, the longest compile), each engine,
+real dims, the other bf16 cases; the planted bugs' production runs (``harness.mutants``: a bug
+can change what vLLM compiles, e.g. a routing constant baked into a torch.compile'd graph) in a
+lane of their own. With lanes, each kernel a library can build alone (``PREFETCH``) starts
+beside the first case, and the lane that needs it waits on FlashInfer's build lock (the
+figures: benchmarks/NOTES.md). The cache root holds Python's bytecode too (``ROOT/pycache``; not packed).
 FlashInfer's precompiled kernels (``vllm download-kernels``: ``flashinfer-cubin`` /
 ``flashinfer-jit-cache`` 0.7.2.post1, the version vLLM 0.33 pins) are published only
 on flashinfer.ai, not on PyPI (which stops at flashinfer-cubin 0.6.13, refused by
@@ -51,8 +49,6 @@ case's numbers are not looked at.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -65,9 +61,11 @@ from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
 from . import jit_cache, jit_pack
 from .kernel_prefetch import PREFETCH, plan_prefetch
+from .warm_stamp import STAMP, cold_steps, fingerprint, mutants_fingerprint, mutants_wanted, read_stamp, write_stamp  # noqa: F401 - STAMP: the name tests and callers use
 from .jit_cache import JIT_CACHE_ENV, apply_jit_cache
 
 MAX_LANES = 64  # parallel compile processes
+MUTANTS_STEP = "module-mutants"  # every planted bug's production run (harness.mutants.driver.warm_catalogue)
 DEFAULT_ENGINE_CASE = "engine-accept-k3-share"  # index sharing + acceptance: the most engine code paths
 
 
@@ -104,7 +102,7 @@ def _warm_engine(case) -> None:
 
 def engines_of(args) -> list[str]:
     """The engine cases ``args`` asks to warm, in order, without repeats."""
-    if getattr(args, "no_engine", False):
+    if getattr(args, "no_engine", False) or getattr(args, "mutants_only", False):
         return []
     chosen = args.engine if args.engine is not None else _default_engines()
     chosen = [chosen] if isinstance(chosen, str) else list(chosen)
@@ -121,6 +119,10 @@ def add_arguments(p) -> None:
                    "engine case)")
     g.add_argument("--no-engine", action="store_true", help="skip the engine")
     p.add_argument("--engine-only", action="store_true", help="only the engine (no module-level case)")
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--no-mutants", action="store_true", help="skip the planted bugs' production runs (warmed "
+                   "by default with every module case: a bug can change what vLLM compiles)")
+    m.add_argument("--mutants-only", action="store_true", help="only the planted bugs' production runs")
     p.add_argument("--lanes", type=int, default=1, metavar="N", help="after the first case, warm up to N kernel "
                    "families in parallel processes (default 1: one process, in order)")
     p.add_argument("--if-cold", action="store_true", help="skip the steps the cache root's stamp holds for "
@@ -149,6 +151,9 @@ def check_arguments(args) -> None:
             raise CLIError(f"--case {listed([cid])}: unknown; known: {listed(gpu_cases, 40)}")
     if getattr(args, "engine_only", False) and (args.case or args.no_engine):
         raise CLIError(f"--engine-only and {'--case' if args.case else '--no-engine'}: choose one")
+    if getattr(args, "mutants_only", False) and (args.case or getattr(args, "engine_only", False) or args.engine):
+        raise CLIError("--mutants-only and " + ("--case" if args.case else "--engine-only" if args.engine_only
+                                                else "--engine") + ": choose one")
     if getattr(args, "lanes", 1) < 1:
         raise CLIError(f"--lanes {args.lanes}: give 1 or more")
     for eid in engines_of(args):
@@ -202,55 +207,13 @@ def cache_size(root: str) -> int:
     return total
 
 
-STAMP = jit_pack.STAMP  # packed and restored with the layers it vouches for
-
-
-def fingerprint(case) -> str:
-    """A case's definition (a GpuCase or EngineCase dataclass), hashed: its shapes are what was compiled."""
-    blob = json.dumps(dataclasses.asdict(case), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def read_stamp(root: str) -> dict:
-    """The root's stamp ({"versions": ..., "steps": {name: fingerprint}}); empty when absent or unreadable."""
-    from ..exitcodes import CLIError
-    from ..input_checks import read_json
-
-    try:  # bounded, regular files only: a FIFO never blocks the run
-        stamp = read_json(os.path.join(root, STAMP), os.path.join(root, STAMP))
-        return stamp if isinstance(stamp, dict) and isinstance(stamp.get("steps"), dict) else {}
-    except (OSError, ValueError, RecursionError, CLIError):
-        return {}
-
-
-def cold_steps(wanted: dict, stamp: dict, versions: dict) -> dict:
-    """The steps of ``wanted`` ({name: fingerprint}) the stamp does not hold warm for ``versions``."""
-    if stamp.get("versions") != versions:
-        return dict(wanted)
-    held = stamp.get("steps", {})
-    return {name: fp for name, fp in wanted.items() if held.get(name) != fp}
-
-
-def write_stamp(root: str, versions: dict, warmed: dict) -> None:
-    """Add ``warmed`` ({name: fingerprint}) to the root's stamp (a stamp of other versions is replaced)."""
-    from ..atomic import atomic_write_json
-
-    import fcntl
-
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, STAMP + ".lock"), "w") as lock:  # lanes stamp at the same time
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = read_stamp(root)
-        steps = stamp.get("steps", {}) if stamp.get("versions") == versions else {}
-        atomic_write_json(os.path.join(root, STAMP), {"versions": versions, "steps": {**steps, **warmed}})
-
-
-def plan_lanes(cases: list[str], engines, lanes: int) -> tuple[str | None, list[dict]]:
+def plan_lanes(cases: list[str], engines, lanes: int, mutants: bool = False) -> tuple[str | None, list[dict]]:
     """(lead, lanes) for ``--lanes``: the lead (the first bf16 case) runs alone and compiles
     the kernels every case shares; then each kernel family -- FP8 checkpoints, each engine
     (``engines``: an id, a list of ids or None), real dims, the other bf16 cases, in that order
     of their cold cost -- goes to lane i mod ``lanes``. A lane is {"cases": [...], "engines":
-    [...]}; a family that is not wanted leaves no lane."""
+    [...]}; a family that is not wanted leaves no lane. ``mutants``: the planted bugs' runs, a lane of
+    their own after the others ({"cases": [], "engines": [], "mutants": True})."""
     gpu_cases = case_registry.specs(kind="module", without="probe")
 
     engines = [] if engines is None else [engines] if isinstance(engines, str) else list(engines)
@@ -262,16 +225,21 @@ def plan_lanes(cases: list[str], engines, lanes: int) -> tuple[str | None, list[
                  "engines": []},
                 {"cases": [c for c in bf16 if c != lead], "engines": []}]
     families = [f for f in families if f["cases"] or f["engines"]]
-    out = [{"cases": [], "engines": []} for _ in range(min(lanes, len(families)))]
+    shared = max(1, lanes - 1) if mutants and families else lanes
+    out = [{"cases": [], "engines": []} for _ in range(min(shared, len(families)))]
     for i, fam in enumerate(families):
         lane = out[i % len(out)]
         lane["cases"] += fam["cases"]
         lane["engines"] += fam["engines"]
+    if mutants:
+        out.append({"cases": [], "engines": [], "mutants": True})
     return lead, out
 
 
-def _lane_command(cases: list[str], engines: list[str], report: str) -> list[str]:
+def _lane_command(cases: list[str], engines: list[str], report: str, mutants: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "harness", "warmup", "--report", report]
+    if mutants:
+        return cmd + ["--mutants-only"]
     for c in cases:
         cmd += ["--case", c]
     if not engines:
@@ -280,6 +248,10 @@ def _lane_command(cases: list[str], engines: list[str], report: str) -> list[str
     for e in engines:
         cmd += ["--engine", e]
     return cmd
+
+
+def _lane_names(lane: dict) -> list[str]:
+    return lane["cases"] + lane["engines"] + ([MUTANTS_STEP] if lane.get("mutants") else [])
 
 
 def _last_line(log_path: str) -> str:
@@ -380,7 +352,7 @@ def _start_wave(wave: list[dict], tmp: str, n: int) -> list[tuple]:
         # side split the cores as torch threads (nvcc, the prefetches' work, is not torch's pool)
         env = engine_env(bool(lane["engines"]) and len(wave) > 1, computing=len(wave))
         with open(out, "w") as f:
-            proc = subprocess.Popen(_lane_command(lane["cases"], lane["engines"], report),
+            proc = subprocess.Popen(_lane_command(lane["cases"], lane["engines"], report, lane.get("mutants", False)),
                                     stdout=f, stderr=subprocess.STDOUT, env=env)
         running.append((n, lane, proc, report, out, time.perf_counter()))
     return running
@@ -395,7 +367,7 @@ def _finish_wave(running: list[tuple], steps: list, log, t_origin: float, ended:
     _wait_ends([r[2] for r in running], ended, watch)
     for n_, lane, proc, report, out, t0 in running:
         if proc.returncode != 0:
-            names = ", ".join(lane["cases"] + lane["engines"])
+            names = ", ".join(_lane_names(lane))
             failed.append(f"warmup lane {n_} ({names}): exit {proc.returncode}: {_last_line(out)}")
             continue
         span = [round(t0 - t_origin, 2), round(ended[proc] - t_origin, 2)]
@@ -422,10 +394,13 @@ def run(args, log=print) -> dict:
     gpu_cases = case_registry.specs(kind="module", without="probe")
     engine_cases = case_registry.specs(kind="engine")
 
-    cases = [] if getattr(args, "engine_only", False) else args.case or list(gpu_cases)
+    only_other = getattr(args, "engine_only", False) or getattr(args, "mutants_only", False)
+    cases = [] if only_other else args.case or list(gpu_cases)
     wanted = {cid: fingerprint(gpu_cases[cid]) for cid in cases}
     for eid in engines_of(args):
         wanted[eid] = fingerprint(engine_cases[eid])
+    if mutants_wanted(args):
+        wanted[MUTANTS_STEP] = mutants_fingerprint()
     rep = {"cache_root": root, "set": set_vars, "steps": [], "skipped_warm": [], "versions": None,
            "size_before": cache_size(root) if root else None}
 
@@ -466,8 +441,8 @@ def run(args, log=print) -> dict:
 def _plan_into(rep: dict, cases: list[str], todo: dict, args) -> tuple[str | None, list[dict]]:
     """The lanes of ``todo`` -> (lead, lanes); the plan (lead, lanes, prefetches) recorded in ``rep``."""
     engines = [e for e in engines_of(args) if e in todo]
-    lead, lanes = plan_lanes([c for c in cases if c in todo], engines, args.lanes)
-    rep["lanes"] = [lane["cases"] + lane["engines"] for lane in lanes]
+    lead, lanes = plan_lanes([c for c in cases if c in todo], engines, args.lanes, mutants=MUTANTS_STEP in todo)
+    rep["lanes"] = [_lane_names(lane) for lane in lanes]
     rep["lead"] = lead
     rep["prefetch"] = plan_prefetch([c for c in cases if c in todo], bool(engines))
     return lead, lanes
@@ -495,6 +470,9 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
             write_stamp(root, rep["versions"], {name: todo[name]})
 
     engines = [e for e in engines_of(args) if e in todo]
+    if MUTANTS_STEP in todo:  # after the lead's shared kernels when alone, in a lane of their own with lanes
+        from ..mutants.driver import warm_catalogue
+        mutants_step = lambda: rep.setdefault("mutants", warm_catalogue())  # noqa: E731
     for cid in (c for c in cases if c in todo):
         case = gpu_cases[cid]
 
@@ -511,6 +489,8 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
             torch.cuda.empty_cache()
 
         step(cid, module_level)
+    if MUTANTS_STEP in todo:
+        step(MUTANTS_STEP, mutants_step)
     for i, eid in enumerate(engines):
         if i == 0:  # the first engine in this process, as the module cases
             step(eid, lambda eid=eid: _warm_engine(engine_cases[eid]))
@@ -539,51 +519,13 @@ def cache_root(args) -> str | None:
 def restore_pack(args, log=print) -> dict:
     """``--restore``: the pack put into the cache root for this host's key, or refused naming the
     key fields that differ (then not used: the steps compile). The report's ``restore`` entry."""
-    t0 = time.perf_counter()
-    outcome, line = jit_pack.restore(args.restore, cache_root(args), jit_pack.host_versions())
-    log(f"warmup: {line}", flush=True)
-    return {"outcome": outcome, "line": line, "seconds": round(time.perf_counter() - t0, 2)}
-
-
-def _restore_with_bytecode(args) -> dict:
-    """``--restore-only``: the pack restored while the root's bytecode layer is compiled beside it
-    (``jit_cache.precompile_bytecode``, all cores, in a thread: its ``compileall`` is a subprocess),
-    so the first command after an install finds both. The bytecode is this host's, never packed; a
-    restore that raises (bad pack, no GPU) still waits for the compile, which never fails it."""
-    import threading
-
-    root = cache_root(args)
-    compiled: list = []
-    worker = None
-    fresh_root = bool(root) and not os.path.lexists(root)
-    if root:  # the layer apply_jit_cache would name (a PYTHONPYCACHEPREFIX set outside wins); this
-        # process's own imports are left where they were (a failed restore then leaves no root behind)
-        prefix = os.environ.get(jit_cache.BYTECODE_VAR) or jit_cache.jit_cache_env(root)[jit_cache.BYTECODE_VAR]
-        worker = threading.Thread(target=lambda: compiled.extend(jit_cache.precompile_bytecode(prefix=prefix)),
-                                  daemon=True)
-        worker.start()
-    lines: list = []
-    try:
-        restored = restore_pack(args, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
-    except BaseException:
-        if worker is not None:
-            worker.join()
-        if fresh_root:  # a root this call made for its bytecode only: nothing is left half made
-            import shutil
-            shutil.rmtree(root, ignore_errors=True)
-        raise
-    if worker is not None:
-        worker.join()
-    for line in lines:  # the restore's line last (install.sh quotes the last line)
-        print(line, flush=True)
-    restored["bytecode_dirs"] = len(compiled)
-    return restored
+    return jit_pack.restore_logged(args.restore, cache_root(args), log=log)
 
 
 def cmd_warmup(args) -> int:
     check_arguments(args)
     if getattr(args, "restore_only", False):
-        restored = _restore_with_bytecode(args)
+        restored = jit_pack.restore_with_bytecode(args.restore, cache_root(args))
         if args.report:
             from ..atomic import atomic_write_json
 

@@ -16,7 +16,7 @@ from harness.atomic import atomic_write_json
 from harness.verdict import Verdict
 
 from .base import Ctx, Mutant, MutantNotApplicable
-from .catalogue import BY_NAME, format_list, select
+from .catalogue import BY_NAME, CATALOGUE, GOLDEN_CATALOGUE, format_list, select
 
 
 def case_by_id(case_id: str):
@@ -27,8 +27,9 @@ def case_by_id(case_id: str):
     return spec(case_id, kind="module", without="probe")
 
 
-def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
-    """Build, load, apply ``mutant`` (None: control), run, judge (as side_by_side.run_case).
+def _run(case, mutant: Mutant | None, *, judged: bool = True) -> tuple[dict, list[str]]:
+    """Build, load, apply ``mutant`` (None: control), run, judge (as side_by_side.run_case);
+    ``judged=False``: the production run only.
 
     A mutant's ``build_patch`` is active while the model is built and loaded; the post-load
     audit's ``LoadAuditError`` then propagates (``bisect-check --plant``: exit 1 naming the module)."""
@@ -56,7 +57,24 @@ def _run(case, mutant: Mutant | None) -> tuple[dict, list[str]]:
     inputs = sbs.build_inputs(case)  # one build for the run and its judge
     with patch:
         prod, info = sbs.run_production_side(case, around_run=around_run, inputs=inputs)
+    if not judged:
+        return {}, []
     return sbs.judge(case, prod, info, inputs=inputs), []
+
+
+def warm_catalogue() -> dict:
+    """Every planted bug's production run, unjudged (``python -m harness warmup``): a bug that
+    changes what vLLM compiles (a routing constant baked into a torch.compile'd graph, say) would
+    otherwise compile it during the tier. A run that raises is what the judged run reports, not a
+    host that cannot warm: counted, never raised. -> {"ran": n, "raised": [names]}."""
+    raised = []
+    for m in (*CATALOGUE, *GOLDEN_CATALOGUE):
+        try:
+            _run(case_by_id(m.case), m, judged=False)
+        except Exception:  # noqa: BLE001 - judged by the tier, not here
+            raised.append(m.name)
+        _free()
+    return {"ran": len(CATALOGUE) + len(GOLDEN_CATALOGUE), "raised": raised}
 
 
 def run_planted(case, name: str) -> Verdict:

@@ -175,6 +175,9 @@ ALLOWED = {
 COMMANDS = ("harness.cli", "harness.commands")
 # Planted bugs: imported by the command layer only; they may import production, never the reverse.
 MUTANTS = ("harness.mutants",)
+# ... and by warmup, which runs each planted bug's production side unjudged: a bug can change what
+# vLLM compiles, and the tier that plants it must find that compiled already
+MUTANTS_USERS = ("harness.ci_speed.warmup",)
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -197,7 +200,7 @@ def _upward_imports() -> list[str]:
         if not _under_any(name, COMMANDS) and not _entry_point(name):
             problems += [f"{name} imports {m}, the command layer above it" for m in sorted(imports)
                          if _under_any(m, COMMANDS)]
-        if not _under_any(name, COMMANDS + MUTANTS) and not _entry_point(name):
+        if not _under_any(name, COMMANDS + MUTANTS + MUTANTS_USERS) and not _entry_point(name):
             problems += [f"{name} imports {m}: only the command layer may" for m in sorted(imports)
                          if _under_any(m, MUTANTS)]
     return problems
@@ -251,7 +254,10 @@ CI_SPEED_MAY_IMPORT = {
     "harness.ci_speed.warmup": ("harness.production.can_run", "harness.case_registry",
                                 "harness.production.engine.engine_env", "harness.production.engine.generation_judge",
                                 "harness.production.module.side_by_side", "harness.production.module.reload",
-                                "harness.production.engine.reload"),
+                                "harness.production.engine.reload",
+                                "harness.mutants.driver"),  # the planted bugs' production runs (MUTANTS_USERS)
+    # the planted bugs a warmup wants, by the component registry that names them (torch-free)
+    "harness.ci_speed.warm_stamp": ("harness.components",),
     # the kernels warmup prefetches: which the GPU cases need; the device nodes, without torch
     "harness.ci_speed.kernel_prefetch": ("harness.production.can_run", "harness.case_registry"),
     # the GPU device nodes (is there a GPU to tune for, one per worker), without importing torch

@@ -392,6 +392,9 @@ def test_the_default_warmup_builds_every_cuda_graph_engine_case():
     (["--engine-only", "--case", "tiny-k1"], "--engine-only and --case"),
     (["--lanes", "0"], "--lanes 0"),
     (["--engine-only", "--no-engine"], "--engine-only and --no-engine"),
+    (["--mutants-only", "--case", "tiny-k1"], "--mutants-only and --case"),
+    (["--mutants-only", "--engine-only"], "--mutants-only and --engine-only"),
+    (["--mutants-only", "--engine", "engine-tiny-k2"], "--mutants-only and --engine"),
 ])
 def test_lane_flags_are_checked(argv, culprit, capsys):
     assert main(["warmup", *argv]) == 2
@@ -684,7 +687,7 @@ def test_each_lane_and_prefetch_is_timed_to_its_own_end(monkeypatch):
     (not the moment the lanes were done), and each lane's span covers its steps."""
     from harness.ci_speed import warmup
 
-    def lane_command(cases, engine, report):  # a lane of 1.5 s that reports one step
+    def lane_command(cases, engine, report, mutants=False):  # a lane of 1.5 s that reports one step
         return [sys.executable, "-c", "import json, sys, time; time.sleep(1.5); "
                 f"json.dump({{'steps': [{{'name': 'x', 'seconds': 1.5}}]}}, open({report!r}, 'w'))"]
     monkeypatch.setattr(warmup, "_lane_command", lane_command)
@@ -764,3 +767,57 @@ def test_an_engine_case_is_warmed_through_the_path_the_tier_runs_it(monkeypatch)
     refuse[0] = RuntimeError("CUDA error: out of memory")
     with pytest.raises(RuntimeError, match="out of memory"):
         warmup._warm_engine(engine_cases[reload_id])
+
+
+def test_the_planted_bugs_are_warmed_in_a_lane_of_their_own_and_stamped(monkeypatch):
+    """A planted bug can change what vLLM compiles (a routing constant baked into a torch.compile'd
+    graph): warmup runs every planted bug's production side with the module cases (not with --case,
+    --engine-only or --no-mutants), in a lane of its own with lanes, stamped by the registry's names."""
+    import argparse
+
+    from harness.ci_speed import warm_stamp, warmup
+    from harness.mutants import driver
+
+    ns = lambda **kw: argparse.Namespace(**{"case": None, "engine_only": False, "no_mutants": False,  # noqa: E731
+                                            "mutants_only": False, **kw})
+    assert warm_stamp.mutants_wanted(ns()) and warm_stamp.mutants_wanted(ns(mutants_only=True))
+    assert not any(warm_stamp.mutants_wanted(a) for a in (ns(case=["tiny-k1"]), ns(engine_only=True),
+                                                          ns(no_mutants=True)))
+    fp = warm_stamp.mutants_fingerprint()
+    assert len(fp) == 16 and fp == warm_stamp.mutants_fingerprint()
+    cases = ["tiny-k1", "tiny-k3-share", "tiny-k2-fp8-split-long"]
+    lead, lanes = warmup.plan_lanes(cases, [warmup.DEFAULT_ENGINE_CASE], 3, mutants=True)
+    assert lanes[-1] == {"cases": [], "engines": [], "mutants": True} and len(lanes) == 3
+    assert not any(lane.get("mutants") for lane in lanes[:-1])
+    assert {c for lane in lanes for c in lane["cases"]} | {lead} == set(cases)
+    assert warmup._lane_command([], [], "r.json", mutants=True)[-1] == "--mutants-only"
+    assert warmup.engines_of(argparse.Namespace(engine=None, no_engine=False, mutants_only=True)) == []
+
+    ran, stamped = [], []
+    monkeypatch.setattr(driver, "warm_catalogue", lambda: ran.append(1) or {"ran": 2, "raised": []})
+    monkeypatch.setattr(warmup, "write_stamp", lambda root, versions, warmed: stamped.append(warmed))
+    rep = {"steps": [], "versions": {}}
+    warmup._in_this_process(rep, [], {warmup.MUTANTS_STEP: fp}, argparse.Namespace(engine=None, no_engine=True),
+                            "/nonexistent-root", lambda *a, **k: None)
+    assert ran == [1] and [s["name"] for s in rep["steps"]] == [warmup.MUTANTS_STEP]
+    assert stamped == [{warmup.MUTANTS_STEP: fp}] and rep["mutants"] == {"ran": 2, "raised": []}
+
+
+def test_warming_the_planted_bugs_never_judges_and_never_raises(monkeypatch):
+    """``warm_catalogue`` runs each planted bug's production side (no judge); one that raises is the
+    tier's to report, so it is counted, not raised."""
+    from harness.mutants import driver
+
+    seen = []
+
+    def run(case, m, judged=True):
+        seen.append((m.name, judged))
+        if len(seen) == 2:
+            raise RuntimeError("the planted bug crashed production")
+        return {}, []
+    monkeypatch.setattr(driver, "_run", run)
+    monkeypatch.setattr(driver, "_free", lambda: None)
+    out = driver.warm_catalogue()
+    names = [m.name for m in (*driver.CATALOGUE, *driver.GOLDEN_CATALOGUE)]
+    assert [n for n, _ in seen] == names and not any(j for _, j in seen)
+    assert out == {"ran": len(names), "raised": [names[1]]}
