@@ -1,6 +1,7 @@
 """``python -m harness warmup``: compile the GPU stack's JIT kernels once per host, in one process.
 
     python -m harness warmup [--cache DIR] [--case ID ...] [--engine ID ... | --no-engine | --engine-only]
+                             [--no-mutants | --mutants-only]
                              [--if-cold] [--lanes N] [--report FILE.json]
                              [--restore PACK_DIR [--restore-only]] [--pack PACK_DIR [--part-bytes N]]
 
