@@ -160,9 +160,10 @@ PRECOMPILED = "hyv4-precompiled.json"  # in the bytecode layer: {package dir: th
 def precompile_bytecode(packages=None, min_cpus: int | None = None, prefix: str | None = None) -> list[str]:
     """Compile every source of ``packages`` into the bytecode layer (``prefix``, else
     ``sys.pycache_prefix`` as ``apply_jit_cache`` set it) on all cores, once per layer and
-    Python: the package directories this call compiled, ``[]`` when there was nothing to do (no layer, fewer than ``min_cpus``
-    cores, or done before). Locates the packages without importing them. A source that does not
-    compile is left to the import that needs it (which raises as it would have)."""
+    Python: the package directories this call compiled, ``[]`` when there was nothing to do (no
+    layer, fewer than ``min_cpus`` cores, or done before). Locates the packages without
+    importing them. A source that does not compile is left to the import that needs it (which
+    raises as it would have)."""
     import importlib.util
     import json
     import os

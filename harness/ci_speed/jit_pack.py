@@ -527,10 +527,6 @@ def _unpack(parts: list[str], dest: str, layers: set[str], where: str) -> None:
         stream.close()
 
 
-__all__ = ["KEY_FIELDS", "cache_key", "host_versions", "key_differences", "read_manifest", "restore",
-           "verify_parts", "write_pack"]
-
-
 def restore_logged(pack: str, root: str, log=print) -> dict:
     """``restore`` for this host's key, its line logged as ``warmup: LINE``; the report's
     ``restore`` entry (outcome, line, seconds)."""
@@ -577,3 +573,7 @@ def restore_with_bytecode(pack: str, root: str | None) -> dict:
         print(line, flush=True)
     restored["bytecode_dirs"] = len(compiled)
     return restored
+
+
+__all__ = ["KEY_FIELDS", "cache_key", "host_versions", "key_differences", "read_manifest", "restore",
+           "restore_logged", "restore_with_bytecode", "verify_parts", "write_pack"]

@@ -471,9 +471,11 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
             write_stamp(root, rep["versions"], {name: todo[name]})
 
     engines = [e for e in engines_of(args) if e in todo]
-    if MUTANTS_STEP in todo:  # after the lead's shared kernels when alone, in a lane of their own with lanes
+
+    def mutants_step():  # after the module cases here; with lanes, a lane of its own after the lead
         from ..mutants.driver import warm_catalogue
-        mutants_step = lambda: rep.setdefault("mutants", warm_catalogue())  # noqa: E731
+        rep["mutants"] = warm_catalogue()  # {"ran": n, "raised": [names]}: judged by the tier, not here
+
     for cid in (c for c in cases if c in todo):
         case = gpu_cases[cid]
 
