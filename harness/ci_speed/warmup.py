@@ -62,7 +62,7 @@ from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
 from . import jit_cache, jit_pack
 from .kernel_prefetch import PREFETCH, plan_prefetch
-from .warm_stamp import STAMP, cold_steps, fingerprint, mutants_fingerprint, mutants_wanted, read_stamp, write_stamp  # noqa: F401 - STAMP: the name tests and callers use
+from .warm_stamp import cold_steps, fingerprint, mutants_fingerprint, mutants_wanted, read_stamp, write_stamp
 from .jit_cache import JIT_CACHE_ENV, apply_jit_cache
 
 MAX_LANES = 64  # parallel compile processes

@@ -313,7 +313,7 @@ def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
     import dataclasses
 
     gpu_cases = case_registry.specs(kind="module", without="probe")
-    from harness.ci_speed.warmup import STAMP, cold_steps, fingerprint, read_stamp, write_stamp
+    from harness.ci_speed.warm_stamp import STAMP, cold_steps, fingerprint, read_stamp, write_stamp
 
     a, b = gpu_cases["tiny-k1"], gpu_cases["tiny-k3-share"]
     wanted = {"tiny-k1": fingerprint(a), "tiny-k3-share": fingerprint(b)}

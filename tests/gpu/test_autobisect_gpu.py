@@ -116,7 +116,9 @@ def test_autobisect_names_the_planted_commit(tmp_path, production_gate):
     out = os.environ.get("HYV4_REPORT_DIR", "").strip()
     if out:
         import vllm
-        with open(os.path.join(out, "autobisect_gpu.json"), "w") as f:
-            json.dump({"vllm": vllm.__version__, "steps": len(doc["steps"]),
-                       "seconds_per_step": doc["seconds_per_step"], "seconds": doc["seconds"],
-                       "per_step": doc["steps"]}, f, indent=1, default=str)
+
+        from harness.atomic import atomic_write_json
+        atomic_write_json(os.path.join(out, "autobisect_gpu.json"),
+                          {"vllm": vllm.__version__, "steps": len(doc["steps"]),
+                           "seconds_per_step": doc["seconds_per_step"], "seconds": doc["seconds"],
+                           "per_step": doc["steps"]}, default=str)
