@@ -256,9 +256,12 @@ def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[in
         if layer == "vllm" and ("modelinfos" in parts or parts[-1].endswith("model-info.json")):
             continue
         if layer == "triton":
-            if not parts[-1].endswith(".cubin"):
+            if parts[-1].startswith("__triton_launcher") and parts[-1].endswith(".so"):
+                name = f"launcher {parts[-2][:12]}"  # Triton's C launcher of a kernel signature, built by gcc
+            elif not parts[-1].endswith(".cubin"):
                 continue  # one kernel writes ~8 files; its cubin names it
-            name = parts[-1][:-len(".cubin")]
+            else:
+                name = parts[-1][:-len(".cubin")]
         elif layer == "flashinfer" and "cached_ops" in parts:
             name = parts[parts.index("cached_ops") + 1]
         elif layer == "deep_gemm" and "cache" in parts and len(parts) > parts.index("cache") + 1:

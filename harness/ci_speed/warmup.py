@@ -29,7 +29,9 @@ used: the steps compile as on a bare host; a malformed, truncated or tampered on
 Each warmed step is stamped in the root (``hyv4-warm.json``: the versions of torch,
 CUDA, vLLM and the GPU, and a fingerprint of the case's definition); ``--if-cold``
 runs only the steps the stamp does not hold for these versions, so a host with a
-kept cache pays seconds, not the ~100 s of re-running every case.
+kept cache pays seconds, not the ~100 s of re-running every case; where the stamp holds
+every step, the versions are read without importing vLLM and the host checks are left to
+the runs that follow (each checks the host itself).
 ``--lanes N`` (.ci/gpu-tier: 4) runs the first bf16 case alone (it compiles the kernels
 every case shares), then the rest in up to N processes at once, one per kernel family:
 the FP8 checkpoints (FlashInfer's FP8 block GEMM, the longest compile), each engine,
@@ -421,7 +423,9 @@ def run(args, log=print) -> dict:
         lead, lanes = _plan_into(rep, cases, wanted, args)  # started at once, checked meanwhile
         rep["steps"] = run_lanes(lead, lanes, log, prefetch=rep["prefetch"], meanwhile=checks, t_origin=t_origin)
     else:
-        checks()
+        rep["versions"] = _all_stamped_warm(wanted, root, args)
+        if rep["versions"] is None:
+            checks()
         todo = cold_steps(wanted, read_stamp(root), rep["versions"]) if getattr(args, "if_cold", False) \
             else dict(wanted)
         rep["skipped_warm"] = sorted(set(wanted) - set(todo))
@@ -437,6 +441,19 @@ def run(args, log=print) -> dict:
     phases["total"] = round(time.perf_counter() - t_origin, 2)
     rep["phases_s"] = phases
     return rep
+
+
+def _all_stamped_warm(wanted: dict, root: str | None, args) -> dict | None:
+    """With ``--if-cold``: this host's versions when the root's stamp holds every wanted step warm
+    for them, read without importing vLLM (its import and the production checks took 6-10 s of a
+    GPU tier that then had nothing to warm); else None (the checks run as before)."""
+    stamp = read_stamp(root) if root and getattr(args, "if_cold", False) else {}
+    if not stamp.get("steps"):
+        return None
+    from ..production.module.side_by_side import versions
+
+    quick = versions(import_vllm=False)
+    return quick if not cold_steps(wanted, stamp, quick) else None
 
 
 def _plan_into(rep: dict, cases: list[str], todo: dict, args) -> tuple[str | None, list[dict]]:

@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true",
                     help="with one --case: build its engine once and run a pristine generation, then per "
                          "speculator mutant a planted one and a pristine one again; engine_mtp_<case>.sweep.json; "
-                         "exit 0 when every mutant fails named first and every pristine run passes, else 1")
+                         "exit 0 when every mutant fails named first (a capture-only one on its eager twin: passes) "
+                         "and every pristine run passes, else 1")
     ap.add_argument("--history", default=None, metavar="PATH",
                     help="append each case's run to the run history at PATH (default $HYV4_HISTORY; "
                          "harness.history: several engine processes may append at once)")
@@ -87,7 +88,9 @@ def _main(args) -> int:
         if at_build:
             raise CLIError(f"--sweep --mutant {at_build[0]}: it patches graph capture, which runs while the engine "
                            "is built: plant it with --mutant alone (its own engine)")
-        mutants = mutants or [n for n, m in MUTANTS.items() if m.case == args.case[0] and not m.at_build]
+        from harness.production.engine.speculator_mutants import sweep_mutants
+
+        mutants = mutants or sweep_mutants(args.case[0])
         if not mutants:
             raise CLIError(f"--sweep --case {args.case[0]}: no speculator mutant targets this case")
     elif len(mutants) > 1:
@@ -137,9 +140,10 @@ def run_checked(args, mutants) -> int:
         except Exception as exc:  # noqa: BLE001 - a crash in vLLM: cannot judge (a load failure: 1)
             return _case_failed(args.case[0], exc, args.debug)[1]
         bad = [r["label"] for r in doc["runs"] if not r["ok"]]
-        print(f"== {args.case[0]} sweep: {len(mutants)} mutant(s) on one engine, "
-              f"{'all caught, named first, pristine runs pass' if not bad else 'NOT OK: ' + ', '.join(bad)} "
-              f"({doc['wall_s']:.0f} s)", flush=True)
+        verdict = ("all as expected (caught and named first, or harmless on the eager twin), pristine runs pass"
+                   if not bad else "NOT OK: " + ", ".join(bad))
+        print(f"== {args.case[0]} sweep: {len(mutants)} mutant(s) on one engine, {verdict} ({doc['wall_s']:.0f} s)",
+              flush=True)
         return EXIT_OK if not bad else EXIT_MISMATCH
     engine_cases = case_specs(kind="engine")
     ids = args.case or list(engine_cases)

@@ -120,6 +120,31 @@ def vllm_version() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
+def vllm_version_unimported() -> str | None:
+    """``vllm.__version__`` without importing vLLM (seconds of imports): the string its
+    ``version.py`` takes from the generated ``_version.py``, run on its own. None where that
+    cannot be said so (no vLLM, a tree without ``_version.py``, a ``version.py`` that does not
+    take it from there): ask ``vllm_version`` then."""
+    import importlib.util
+    import os
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+        where = list(spec.submodule_search_locations or []) if spec else []
+        if len(where) != 1:
+            return None
+        with open(os.path.join(where[0], "version.py")) as f:
+            if "from ._version import __version__" not in f.read():
+                return None
+        gen = importlib.util.spec_from_file_location("_hyv4_vllm_version", os.path.join(where[0], "_version.py"))
+        mod = importlib.util.module_from_spec(gen)
+        gen.loader.exec_module(mod)
+        version = mod.__version__
+    except Exception:  # noqa: BLE001 - any doubt: the caller imports vLLM instead
+        return None
+    return version if isinstance(version, str) and version else None
+
+
 def _resolve(location: str):
     module, _, qual = location.partition(":")
     obj = importlib.import_module(module)

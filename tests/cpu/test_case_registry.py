@@ -30,7 +30,9 @@ def test_ids_are_unique_and_every_record_is_of_a_known_kind_with_its_spec_type()
 def test_every_case_is_reachable_by_a_command_or_a_test():
     """Reference cases are run as goldens; every single-GPU module case by side_by_side's default
     (tests/gpu/test_side_by_side.py: the non-probe ones; the probes by name) and every engine case
-    by tests/gpu/test_engine_mtp.py; a case written for N > 1 GPUs by the multi-GPU test (role tp)."""
+    by tests/gpu/test_engine_mtp.py (a case speculator mutants are swept on: by its sweep's first
+    pristine run, tests/gpu/test_speculator_mutants.py); a case written for N > 1 GPUs by the
+    multi-GPU test (role tp)."""
     for r in reg.REGISTRY:
         if r.kind == "reference":
             assert "golden" in r.roles, r.id

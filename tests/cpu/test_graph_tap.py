@@ -208,6 +208,25 @@ def test_capture_only_mutants_are_judged_in_both_modes():
     assert any(m.at_build for m in MUTANTS.values())
 
 
+def test_every_capture_only_mutant_is_judged_on_its_eager_twin_once():
+    """The eager half of a capture-only bug: its own engine when it patches capture (``at_build``,
+    tests/gpu/test_speculator_mutants.py), else a row of the eager twin's sweep that must pass;
+    every other swept mutant must be caught where it is swept."""
+    from harness.production.engine.speculator_mutants import harmless_on, sweep_mutants, swept_cases
+
+    swept = {c: sweep_mutants(c) for c in swept_cases()}
+    for name, m in MUTANTS.items():
+        rows = [c for c, names in swept.items() if name in names]
+        if m.at_build:
+            assert rows == [], name  # a live engine's capture has already run
+        elif m.passes_eager:
+            assert sorted(rows) == sorted([m.case, m.passes_eager]), name
+            assert harmless_on(name, m.passes_eager) and not harmless_on(name, m.case), name
+        else:
+            assert rows == [m.case] and not harmless_on(name, m.case), name
+    assert all(swept.values())  # a swept case's first pristine run is its engine case's judged run
+
+
 def test_a_known_vllm_gap_is_matched_by_the_speculator_vllm_picked():
     import dataclasses as dc
 

@@ -46,11 +46,14 @@ def test_new_kernels_are_named_by_library_and_the_rest_is_not_a_compilation(tmp_
     _write(tmp_path, "flashinfer/.cache/flashinfer/0.7.4/90a/cached_ops/sampling/sampling.so")
     _write(tmp_path, "deep_gemm/cache/sm90_fp8_paged_mqa_logits.b823/kernel.cubin")
     _write(tmp_path, "cuda/ComputeCache/index", b"yy")
+    # Triton's C launcher of a kernel signature (gcc): a compilation, named by its cache folder
+    _write(tmp_path, "triton/MEHIU4XHH3HFWHAZDPNPYQ4MVL33/__triton_launcher.cpython-312-x86_64-linux-gnu.so")
     built = jit_cache.compiled_since(before, jit_cache.snapshot(str(tmp_path)))
     assert built == {"cuda": ["index"], "deep_gemm": ["sm90_fp8_paged_mqa_logits"], "flashinfer": ["sampling"],
-                     "triton": ["_shift_input_ids_kernel", "fused_moe_kernel"]}
+                     "triton": ["_shift_input_ids_kernel", "fused_moe_kernel", "launcher MEHIU4XHH3HF"]}
     line = jit_cache.compiled_line(str(tmp_path), built)
-    assert line.startswith("JIT: compiled under ") and "triton 2: _shift_input_ids_kernel, fused_moe_kernel" in line
+    assert line.startswith("JIT: compiled under ")
+    assert "triton 3: _shift_input_ids_kernel, fused_moe_kernel, launcher" in line
     assert "\n" not in line
     # an entry written again (the driver's cache index updated, a module rebuilt over its old output)
     # is told apart from one the cache did not hold

@@ -821,3 +821,42 @@ def test_warming_the_planted_bugs_never_judges_and_never_raises(monkeypatch):
     names = [m.name for m in (*driver.CATALOGUE, *driver.GOLDEN_CATALOGUE)]
     assert [n for n, _ in seen] == names and not any(j for _, j in seen)
     assert out == {"ran": len(names), "raised": [names[1]]}
+
+
+@pytest.mark.parametrize("same_versions", [True, False])
+def test_a_root_stamped_warm_for_this_host_skips_the_host_checks(same_versions, tmp_path, monkeypatch,
+                                                                  no_jit_cache):
+    """``--if-cold`` on a root whose stamp holds every wanted step for this host's versions (read
+    without importing vLLM): nothing to warm, and vLLM's import and the production checks are not
+    paid (the runs that follow check the host themselves). Any other versions: the checks run
+    and decide, as before."""
+    import argparse
+
+    from harness.ci_speed import warmup
+    from harness.ci_speed.warm_stamp import fingerprint
+    from harness.exitcodes import CannotJudge
+    from harness.production.module import side_by_side
+
+    here = {"torch": "2.11.0+cu130", "vllm": "0.33.0", "cuda": "13.0", "gpu": "NVIDIA H200", "capability": "9.0"}
+    cases = ["tiny-k1", "tiny-k3-share"]
+    specs = case_registry.specs(kind="module", without="probe")
+    root = tmp_path / "root"
+    warmup.write_stamp(str(root), here if same_versions else {**here, "vllm": "0.34.0"},
+                       {c: fingerprint(specs[c]) for c in cases})
+    asked, events = [], []
+    monkeypatch.setattr(side_by_side, "versions", lambda **kw: asked.append(kw) or dict(here))
+
+    def reason():
+        events.append("checks")
+        return "stand-in: the checks ran"
+    monkeypatch.setattr(can_run, "cannot_run_production_reason", reason)
+    args = argparse.Namespace(cache=str(root), case=cases, engine=warmup.DEFAULT_ENGINE_CASE, no_engine=True,
+                              engine_only=False, lanes=2, if_cold=True, report=None, pack=None)
+    if same_versions:
+        rep = warmup.run(args, log=lambda *a, **k: None)
+        assert events == [] and asked == [{"import_vllm": False}]
+        assert rep["steps"] == [] and rep["skipped_warm"] == sorted(cases) and rep["versions"] == here
+    else:
+        with pytest.raises(CannotJudge, match="^warmup: stand-in: the checks ran$"):
+            warmup.run(args, log=lambda *a, **k: None)
+        assert events == ["checks"]

@@ -1,7 +1,7 @@
 """GPU tier: ``python -m harness autobisect`` names a planted upstream regression by itself.
 
 A vLLM source tree is built from the installed release's own Python files (one commit, tagged
-``v<version>`` as the overlay expects), then five commits on top: four harmless ones (comments, a
+``v<version>`` as the overlay expects), then four commits on top: three harmless ones (comments, a
 new module nothing imports) and, third, a planted regression of our own in HYV4MTP's forward
 (the ``hnorm`` output scaled by 1 + 2^-4 before ``eh_proj``: every draft step's hidden input
 moves, the kind of slip a refactor of the MTP input path ships). A host baseline is recorded at
@@ -75,11 +75,9 @@ def _source_tree(tmp_path) -> tuple[Path, str, str, dict]:
     shas["harmless-2"] = _commit(src, "model: a comment")
     mtp.write_text(mtp.read_text().replace(PLANTED_FROM.strip(), PLANTED_TO.strip()))
     shas["planted"] = _commit(src, "mtp: scale the hidden-state input (planted regression)")
+    # last: the bad end autobisect checks first, then git bisect needs two more steps (3 in all)
     (src / "vllm" / "_hyv4_unused.py").write_text('"""Nothing imports this module."""\n')
     shas["harmless-3"] = _commit(src, "add an unused module")
-    attn = src / "vllm" / "models" / "hy_v4" / "nvidia" / "attention.py"
-    attn.write_text(attn.read_text() + "\n# harmless: a third comment\n")
-    shas["harmless-4"] = _commit(src, "attention: a comment")
     return src, tag, site, shas
 
 
@@ -108,7 +106,7 @@ def test_autobisect_names_the_planted_commit(tmp_path, production_gate):
         rows = c.execute("SELECT count(*) FROM components").fetchone()[0]
     assert dict(steps)[shas["planted"]] == 1 and all(code in (0, 1) for _, code in steps), steps
     assert rows > 0
-    assert _git(src, "rev-parse", "HEAD") == shas["harmless-4"]
+    assert _git(src, "rev-parse", "HEAD") == shas["harmless-3"]
     assert _git(src, "symbolic-ref", "--short", "HEAD") == "main"
     print(f"autobisect: {len(doc['steps'])} steps, {doc['seconds_per_step']} s per step, {doc['seconds']} s in all")
     # the seconds per step, kept where the tier keeps its reports (nightly: OUT_DIR/tier/reports), so

@@ -356,15 +356,29 @@ def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: st
     """One engine of ``case`` for a pristine run, then per mutant a planted run and a pristine
     run again (the restore checked by the engine's own verdict): measured ~4 s per run
     instead of ~40 s per engine process. A mutant is caught when its run fails with the
-    mutant's quantity named first. Recordings are not kept (a failing run keeps its problems)."""
-    from harness.production.engine.speculator_mutants import MUTANTS, planted
+    mutant's quantity named first; a capture-only mutant swept on its eager twin
+    (``speculator_mutants.harmless_on``) must pass there instead. The first pristine run is the
+    case's own engine run, in full: recorded under ``out`` and reported as
+    ``engine_mtp_<case>.json``, as ``run_case``
+    does (the GPU tier judges a swept case from it instead of building its engine twice);
+    the later runs' recordings are not kept (a failing run keeps its problems)."""
+    from harness.process_clock import process_age_s
+    from harness.production.engine.speculator_mutants import MUTANTS, harmless_on, planted
 
+    start_up = process_age_s()
     t0 = time.perf_counter()
     sess = build_session(case, log=log)
     runs = []
 
     def one(label: str, mutant: str | None) -> dict:
-        if mutant is None:
+        if not runs:  # the case's own run
+            rep = generate_and_judge(sess, out=out, log=log, t0=t0)
+            if start_up is not None:
+                rep["timing_s"]["start_up"] = start_up
+            if out:
+                atomic_write_json(os.path.join(out, f"engine_mtp_{case.id}.json"),
+                                  engine_verdict(rep).to_report(), default=str)
+        elif mutant is None:
             rep = generate_and_judge(sess, log=lambda *a, **k: None)
         else:
             with planted(mutant) as desc:
@@ -373,6 +387,9 @@ def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: st
         row = {"label": label, "mutant": mutant, "passed": rep["passed"], "problems": rep["problems"][:5],
                "counts": rep.get("counts"), "timing_s": rep["timing_s"]}
         if mutant is None:
+            row["ok"] = rep["passed"]
+        elif harmless_on(mutant, case.id):  # capture-only: no graph here, so nothing to catch
+            row["harmless_here"] = True
             row["ok"] = rep["passed"]
         else:
             row["caught"], row["named_first"] = not rep["passed"], MUTANTS[mutant].expect in first

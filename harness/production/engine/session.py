@@ -328,9 +328,12 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     hf, ckpt, weights, plan = engine_inputs(case)
     cfg = R.MTPConfig.from_hf_dict(hf)
     check_kernel_constraints(cfg)
+    phases = {"inputs": time.perf_counter() - t0}
     base: dict = {"case": dataclasses.asdict(case), **run_facts()}
+    phases["facts"] = time.perf_counter() - t0 - phases["inputs"]
     llm = build_llm(hf, case, log=log)
     build_s = time.perf_counter() - t0
+    phases["llm"] = build_s - phases["inputs"] - phases["facts"]  # vLLM's engine: model, KV cache, capture
     runner = model_runner(llm)
     prop, draft, target, kind = drafter_of(runner)
     base["runner"] = {"kind": kind, "runner": type(runner).__name__, "proposer": type(prop).__name__,
@@ -352,7 +355,9 @@ def build_session(case: EngineCase, *, log=print) -> dict:
     # graphs were captured while the engine was built: what is loaded or edited from here on must
     # land at the addresses they read (in place), or graph replay would judge vLLM's dummy weights
     ptrs = _param_addresses(draft, target) if case.graphs else None
+    t_load = time.perf_counter()
     base["load"] = load_draft_weights(runner, draft, ckpt, known_audit=case.known_audit)
+    phases["load"] = time.perf_counter() - t_load
     log("load:", json.dumps(base["load"]))
     if plan is not None:
         from harness.production.engine.acceptance import edit_target
@@ -363,6 +368,7 @@ def build_session(case: EngineCase, *, log=print) -> dict:
         if moved:
             raise RuntimeError(f"loading the harness's weights after CUDA-graph capture re-allocated "
                                f"{len(moved)} tensor(s) ({', '.join(moved[:4])}): the graphs read the old ones")
+    base["build_phases_s"] = {k: round(v, 2) for k, v in phases.items()}  # where the build's seconds went
     return {"case": case, "cfg": cfg, "weights": weights, "plan": plan, "llm": llm, "proposer": prop,
             "draft": draft, "target": target, "base": base, "build_s": build_s}
 

@@ -89,6 +89,26 @@ MUTANTS: dict[str, SpeculatorMutant] = {m.name: m for m in (
 # the mutants a sweep of one live engine can plant and undo
 SWEEPABLE = tuple(n for n, m in MUTANTS.items() if not m.at_build)
 
+
+def sweep_mutants(case: str) -> list[str]:
+    """What a sweep of ``case`` plants by default: the mutants it must catch (``case``), then the
+    capture-only ones whose eager twin it is (``passes_eager``), which must pass there. A
+    sweepable mutant patches code that runs while generating, so planting it on the live eager
+    engine runs the same code as planting it before that engine is built."""
+    return ([n for n in SWEEPABLE if MUTANTS[n].case == case]
+            + [n for n in SWEEPABLE if MUTANTS[n].passes_eager == case])
+
+
+def harmless_on(name: str, case: str) -> bool:
+    """Whether mutant ``name`` must pass on ``case`` (its eager twin) rather than be caught there."""
+    return MUTANTS[name].passes_eager == case
+
+
+def swept_cases() -> list[str]:
+    """The engine cases a sweep runs on (sorted): each sweep's first pristine run is that case's run."""
+    return sorted({c for n in SWEEPABLE for c in (MUTANTS[n].case, MUTANTS[n].passes_eager) if c})
+
+
 def _vllm(name: str):
     """A speculator internal, wherever the installed release keeps it (``vllm_compat``)."""
     from harness.production import vllm_compat

@@ -28,6 +28,20 @@ from .. import run_hooks
 _SESSIONS: dict[str, "ProductionSession"] = {}
 
 
+def fresh_compile_state() -> None:
+    """Forget what Dynamo compiled earlier in this process, so each session's torch.compile'd
+    vLLM functions (``grouped_topk``, dynamic=True) are traced as in a fresh process. Otherwise
+    a call whose constants differ from an earlier session's (256 experts top-8 after 8 top-2,
+    a planted routed scaling) fails a guard and is recompiled with the earlier call's
+    specialisations: another graph, so another Inductor cache key, which depends on which
+    cases the process ran before. The warmup's compiles and a test's then differ (seen: the
+    real-dims case compiled in a GPU tier whose restored warmup had compiled it after other
+    cases). Fresh, they share one key; each session pays a re-trace, not a compile."""
+    import torch._dynamo  # vLLM has imported it by now
+
+    torch._dynamo.reset()
+
+
 @dataclasses.dataclass
 class StepNotes:
     """Per-step facts about how production ran (for reports, not compared)."""
@@ -66,6 +80,7 @@ class ProductionSession:
         packed fp8_ds_mla rows, and each step's rows are recorded as ``attn.kv_cache_rows``)."""
         self.hf_config = dict(hf_config)
         self.device = torch.device(device)
+        fresh_compile_state()
         extra = {"tensor_parallel_size": int(tensor_parallel_size)} if tensor_parallel_size > 1 else None
         self.vllm_config = build_vllm_config(
             self.hf_config, num_speculative_tokens=num_speculative_tokens,

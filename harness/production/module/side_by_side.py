@@ -175,9 +175,13 @@ def format_regimes(values: dict) -> str:
     return " ".join(cells)
 
 
-def versions() -> dict:
-    import vllm
-    v = {"torch": torch.__version__, "vllm": vllm.__version__, "cuda": torch.version.cuda}
+def versions(*, import_vllm: bool = True) -> dict:
+    """torch, vLLM, CUDA and the GPU (name, capability). ``import_vllm=False``: vLLM's version read
+    without importing it, where it can be (``vllm_compat.vllm_version_unimported``)."""
+    from harness.production import vllm_compat
+
+    vllm_version = None if import_vllm else vllm_compat.vllm_version_unimported()
+    v = {"torch": torch.__version__, "vllm": vllm_version or vllm_compat.vllm_version(), "cuda": torch.version.cuda}
     if torch.cuda.is_available():
         v["gpu"] = torch.cuda.get_device_name(0)
         v["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
