@@ -34,9 +34,9 @@ def fresh_compile_state() -> None:
     a call whose constants differ from an earlier session's (256 experts top-8 after 8 top-2,
     a planted routed scaling) fails a guard and is recompiled with the earlier call's
     specialisations: another graph, so another Inductor cache key, which depends on which
-    cases the process ran before. The warmup's compiles and a test's then differ (seen: the
-    real-dims case compiled in a GPU tier whose restored warmup had compiled it after other
-    cases). Fresh, they share one key; each session pays a re-trace, not a compile."""
+    cases the process ran before: a warmup that ran a case after others does not cover the same
+    case run first in a test worker. Fresh, they share one key; each session pays a re-trace,
+    not a compile."""
     import torch._dynamo  # vLLM has imported it by now
 
     torch._dynamo.reset()
