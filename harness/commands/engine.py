@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mutant", action="append", default=None,
                     help="plant one of harness.production.engine.speculator_mutants.MUTANTS in vLLM's speculator "
                          "(in this process) before building the engine; default $HYV4_SPECULATOR_MUTANT. "
-                         "With --sweep: repeatable, the mutants to sweep (default: every mutant of the case)")
+                         "With --sweep: repeatable, the mutants to sweep (default: the case's own, then the "
+                         "capture-only ones whose eager twin it is)")
     ap.add_argument("--sweep", action="store_true",
                     help="with one --case: build its engine once and run a pristine generation, then per "
                          "speculator mutant a planted one and a pristine one again; engine_mtp_<case>.sweep.json; "

@@ -346,10 +346,16 @@ def run_case(case: EngineCase, *, log=print, out: str | None = None, mutant: str
         planted = apply_mutant(mutant)
         log("planted speculator bug:", json.dumps(planted))
     sess = build_session(case, log=log)
-    rep = generate_and_judge(sess, out=out, log=log, mutant=planted, t0=t0)
+    return engine_verdict(_case_run(sess, start_up, t0, out=out, log=log, mutant=planted))
+
+
+def _case_run(sess: dict, start_up: float | None, t0: float, *, out, log, mutant: dict | None = None) -> dict:
+    """The case's own generation on ``sess`` (recorded under ``out``), its report carrying the
+    process's start-up seconds (``run_case``; a sweep's first pristine run)."""
+    rep = generate_and_judge(sess, out=out, log=log, mutant=mutant, t0=t0)
     if start_up is not None:
         rep["timing_s"]["start_up"] = start_up
-    return engine_verdict(rep)
+    return rep
 
 
 def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: str | None = None) -> dict:
@@ -358,10 +364,9 @@ def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: st
     instead of ~40 s per engine process. A mutant is caught when its run fails with the
     mutant's quantity named first; a capture-only mutant swept on its eager twin
     (``speculator_mutants.harmless_on``) must pass there instead. The first pristine run is the
-    case's own engine run, in full: recorded under ``out`` and reported as
-    ``engine_mtp_<case>.json``, as ``run_case``
-    does (the GPU tier judges a swept case from it instead of building its engine twice);
-    the later runs' recordings are not kept (a failing run keeps its problems)."""
+    case's own engine run, in full: recorded under ``out`` and reported as ``engine_mtp_<case>.json``,
+    as ``run_case`` does (the GPU tier judges a swept case from it instead of building its engine
+    twice); the later runs' recordings are not kept (a failing run keeps its problems)."""
     from harness.process_clock import process_age_s
     from harness.production.engine.speculator_mutants import MUTANTS, harmless_on, planted
 
@@ -372,9 +377,7 @@ def run_mutant_sweep(case: EngineCase, mutants: list[str], *, log=print, out: st
 
     def one(label: str, mutant: str | None) -> dict:
         if not runs:  # the case's own run
-            rep = generate_and_judge(sess, out=out, log=log, t0=t0)
-            if start_up is not None:
-                rep["timing_s"]["start_up"] = start_up
+            rep = _case_run(sess, start_up, t0, out=out, log=log)
             if out:
                 atomic_write_json(os.path.join(out, f"engine_mtp_{case.id}.json"),
                                   engine_verdict(rep).to_report(), default=str)
