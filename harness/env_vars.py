@@ -39,6 +39,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "engine runs (python -m harness, pytest)",
         "fixed KV cache size in GiB for `vllm.LLM`, so vLLM skips its memory profiling, which fails while "
         "other processes share the GPU (set automatically when they do)"),
+    "HYV4_ENGINE_JIT_WARMUP": (
+        "engine runs (python -m harness, pytest; .ci/gpu-tier sets 0 for its tests)",
+        "`0`: build `vllm.LLM` with vLLM's start-up JIT warmup off (`kernel_config.enable_jit_warmup`), so "
+        "each kernel is compiled on its first call instead of every key up front; the same kernels, not part "
+        "of vLLM's compile hash. Unset or `1`: vLLM's default (on)"),
     "HYV4_SPECULATOR_MUTANT": (
         "engine runs (python -m harness, pytest)",
         "plant this bug of `harness.production.engine.speculator_mutants` in vLLM's speculator (a "

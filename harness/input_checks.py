@@ -333,6 +333,7 @@ ENVIRONMENT = {
     "HYV4_TIMELINE": _env_dir,
     "HYV4_GOLDENS_ROOT": _env_goldens_root,
     "HYV4_ENGINE_KV_CACHE_GIB": _env_gib,
+    "HYV4_ENGINE_JIT_WARMUP": _env_choice("0", "1", exact=True),
     "HYV4_SPECULATOR_MUTANT": _env_speculator_mutant,
     "HYV4_REFERENCE_DEVICE": _env_choice("cpu", "cuda"),
     "HYV4_MODEL_INFO_PREFETCH": _env_choice("0", "1", exact=True),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import math
+import os
 
 import torch
 
@@ -89,7 +90,15 @@ def is_fp32_param(name: str) -> bool:
 DRAWS = ("stream", "per-tensor")
 
 
-def random_weights(cfg: MTPConfig, seed: int, *, draw: str = "stream") -> Weights:
+# A CPU float64 ``randn`` is serial (one thread whatever torch's intra-op count), so the
+# per-tensor draw's thread pool is its only parallelism, and it is the case's critical path. At
+# real dims three expert stacks of ~554 M values make most of the 1.8 G: a pool of 4 takes the
+# draw to about its biggest tensor's time (measured: 37 s on one thread). So the pool is at least
+# this many threads where the host has the cores, also where the process's torch share is 1.
+PER_TENSOR_DRAW_THREADS = 4
+
+
+def random_weights(cfg: MTPConfig, seed: int, *, draw: str = "stream", threads: int | None = None) -> Weights:
     """Seeded synthetic weights, float64 holding bf16-representable values.
 
     Matrices ~ N(0, 1/in_features) so activations stay O(1); norm weights
@@ -99,11 +108,12 @@ def random_weights(cfg: MTPConfig, seed: int, *, draw: str = "stream") -> Weight
     ``draw="stream"`` (every golden's): draws happen in sorted-name order from one
     generator, so adding a tensor does not reshuffle the others only if its name
     sorts last: regenerate goldens when ``layer_shapes`` changes. ``draw="per-tensor"``:
-    each tensor from its own generator, seeded by (seed, name), drawn on
-    ``torch.get_num_threads()`` threads: the same distributions, other values, no
-    reshuffling, and several times faster at real dims (1.8 G parameters), where the
-    one serial stream is what a case waits for. float64 draws either way: CPU float32
-    draws take an AVX2-specific path, so their values would depend on the host.
+    each tensor from its own generator, seeded by (seed, name), drawn on ``threads``
+    threads (default: ``torch.get_num_threads()``, at least ``PER_TENSOR_DRAW_THREADS`` where
+    the host has them; the values do not depend on it): the same distributions, other values,
+    no reshuffling, and several times faster at real dims (1.8 G parameters), where the one
+    serial stream is what a case waits for. float64 draws either way: CPU float32 draws take
+    an AVX2-specific path, so their values would depend on the host.
     """
     if draw not in DRAWS:
         raise ValueError(f"draw={draw!r}: expected one of {', '.join(DRAWS)}")
@@ -119,7 +129,9 @@ def random_weights(cfg: MTPConfig, seed: int, *, draw: str = "stream") -> Weight
 
     # biggest first, so the long draws start at once; the dict keeps sorted-name order
     order = sorted(items, key=lambda it: -math.prod(it[1]))
-    with concurrent.futures.ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+    if threads is None:
+        threads = max(torch.get_num_threads(), min(PER_TENSOR_DRAW_THREADS, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
         drawn = dict(pool.map(one, order))
     return {name: drawn[name] for name, _ in items}
 

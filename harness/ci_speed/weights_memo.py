@@ -31,9 +31,9 @@ def memoized(original, max_bytes: int = MAX_BYTES):
     size = [0]
 
     @functools.wraps(original)
-    def random_weights(cfg, seed, *, draw: str = "stream"):
-        if draw != "stream":
-            return original(cfg, seed, draw=draw)
+    def random_weights(cfg, seed, *, draw: str = "stream", **kw):
+        if draw != "stream" or kw:
+            return original(cfg, seed, draw=draw, **kw)
         key = (type(cfg), repr(cfg), seed)
         hit = kept.get(key)
         if hit is None:

@@ -239,6 +239,24 @@ def _git(src, *a) -> str:
     return subprocess.run(["git", "-C", str(src), *a], capture_output=True, text=True).stdout.strip()
 
 
+# Each step judges a vLLM tree other than the installed one, so it keeps vLLM's cache layer
+# (VLLM_CACHE_ROOT) apart: vLLM's model-class cache (modelinfos/) holds one entry per class,
+# keyed by a hash of the class's package files, and the harness's inspection marker lives
+# beside it; a step sharing them rewrites both for its tree, and every later process of the
+# installed tree on that root (a GPU tier's engines beside the bisect) then inspects the class
+# again in a subprocess of its own (measured: 20 of them, about 15 CPU-s each, in one tier).
+STEP_VLLM_CACHE = "vllm-cache"
+
+
+def step_env(work: Path) -> dict:
+    """The environment of a step's judge: this one, with vLLM's cache layer under the run's
+    work folder (shared by its steps) and no run history (the step records its judge's run)."""
+    env = dict(os.environ)
+    env.pop("HYV4_HISTORY", None)
+    env["VLLM_CACHE_ROOT"] = str(Path(work) / STEP_VLLM_CACHE)
+    return env
+
+
 def run_step(cfg: dict) -> int:
     """Judge the commit checked out in ``cfg['source']``; record it; answer git bisect run."""
     from harness.history.bisect import EXIT_ABORT
@@ -253,8 +271,7 @@ def run_step(cfg: dict) -> int:
         report.unlink()
     t0 = time.perf_counter()
     first_line, overlay_s = None, None
-    env = dict(os.environ)
-    env.pop("HYV4_HISTORY", None)  # the step records its judge's run itself (below)
+    env = step_env(work)
     if cfg.get("judge"):
         env.update(AUTOBISECT_REPORT=str(report), AUTOBISECT_COMMIT=sha)
         code = subprocess.call(["sh", "-c", cfg["judge"]], cwd=src, env=env)

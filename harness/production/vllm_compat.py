@@ -94,6 +94,9 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
              ("vllm.engine.arg_utils:EngineArgs.per_request_spec_decode_metrics",),
              "the engine argument that puts vLLM's per-request spec-decode counters on each output "
              "(the engine report records them beside the harness's acceptance)", optional=True),
+    Internal("kernel_config.enable_jit_warmup", ("vllm.config.kernel:KernelConfig.enable_jit_warmup",),
+             "vLLM's start-up JIT warmup switch (HYV4_ENGINE_JIT_WARMUP=0 turns it off; the engine report "
+             "records which way it ran)", optional=True),
 )}
 
 # what every production run needs; the optional internals are asked for with ``available``

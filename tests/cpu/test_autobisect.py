@@ -109,6 +109,26 @@ def test_the_culprit_is_named_with_its_first_divergent_component(tmp_path, monke
     assert_restored(repo, shas[-1])
 
 
+def test_each_step_keeps_vllms_cache_layer_apart(tmp_path, monkeypatch, capsys):
+    """A step judges another vLLM tree than the installed one: its judge gets a vLLM cache layer
+    under the run's work folder (one for all its steps), never the root the installed tree's
+    processes share."""
+    repo, shas = make_repo(tmp_path, n=4, bug=2, skip=())
+    seen = tmp_path / "roots.log"
+    j = tmp_path / "judge.sh"
+    j.write_text(f'#!/bin/sh\necho "$VLLM_CACHE_ROOT" >> {seen}\n[ -f BUG ] && exit 1\nexit 0\n')
+    j.chmod(0o755)
+    shared = tmp_path / "jit" / "vllm"
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(shared))
+    work = tmp_path / "work"
+    code = cli_main(["autobisect", "--source", str(repo), "--good", shas[0], "--bad", "work", "--judge", str(j),
+                     "--work", str(work)])
+    assert code == 0, capsys.readouterr().out
+    roots = seen.read_text().split()
+    assert len(roots) >= 2 and set(roots) == {str(work.resolve() / "vllm-cache")}
+    assert os.environ["VLLM_CACHE_ROOT"] == str(shared)  # this process's own is left as it was
+
+
 def test_only_skipped_commits_left_names_the_candidates(tmp_path, monkeypatch, capsys):
     repo, shas = make_repo(tmp_path, n=5, bug=4, skip=(1, 2, 3))
     j = judge(tmp_path, monkeypatch)

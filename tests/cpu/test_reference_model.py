@@ -234,16 +234,16 @@ def test_per_tensor_draw_is_seeded_by_name_and_thread_count_free():
 
     cfg = MTPConfig.from_hf_dict(preset("tiny"))
     stream = random_weights(cfg, 3)
+    one = random_weights(cfg, 3, draw="per-tensor", threads=1)
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = random_weights(cfg, 3, draw="per-tensor")
-        torch.set_num_threads(2)
-        two = random_weights(cfg, 3, draw="per-tensor")
+        torch.set_num_threads(1)  # the default pool: PER_TENSOR_DRAW_THREADS where the cores are
+        default = random_weights(cfg, 3, draw="per-tensor")
     finally:
         torch.set_num_threads(before)
+    two = random_weights(cfg, 3, draw="per-tensor", threads=5)
     assert list(one) == list(stream) and all(one[k].shape == stream[k].shape for k in one)
-    assert all(torch.equal(one[k], two[k]) for k in one)
+    assert all(torch.equal(one[k], two[k]) and torch.equal(one[k], default[k]) for k in one)
     assert not torch.equal(one["layers.0.attn.q_a_proj"], stream["layers.0.attn.q_a_proj"])
     other_seed = random_weights(cfg, 4, draw="per-tensor")
     assert not torch.equal(one["layers.0.attn.q_a_proj"], other_seed["layers.0.attn.q_a_proj"])

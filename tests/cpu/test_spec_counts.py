@@ -230,6 +230,31 @@ def test_the_per_request_counters_are_asked_for_only_where_the_release_has_them(
     assert kw.get("per_request_spec_decode_metrics") == ("detailed" if has_it else None)
 
 
+@pytest.mark.parametrize("value, has_it, warmup", [
+    (None, True, True), ("1", True, True), ("0", True, False), ("0", False, None)])
+def test_the_jit_warmup_switch_reaches_vllms_kernel_config(value, has_it, warmup, monkeypatch, tmp_path):
+    """``HYV4_ENGINE_JIT_WARMUP=0`` builds the engine with vLLM's own switch off, as vLLM's
+    EngineArgs turns the argument into its KernelConfig; unset or 1, and on a release without
+    the switch, the argument is not given (vLLM's default)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from harness import case_registry
+    from harness.production import vllm_compat
+    from harness.production.engine.session import JIT_WARMUP_ENV, engine_kwargs
+
+    if value is None:
+        monkeypatch.delenv(JIT_WARMUP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(JIT_WARMUP_ENV, value)
+    real = vllm_compat.available
+    monkeypatch.setattr(vllm_compat, "available",
+                        lambda name: has_it if name == "kernel_config.enable_jit_warmup" else real(name))
+    kw = engine_kwargs(str(tmp_path), case_registry.specs(kind="engine")["engine-graphs-accept-k3-share"])
+    assert ("kernel_config" in kw) == (warmup is False)
+    if warmup is not None:
+        assert EngineArgs(**kw).kernel_config.enable_jit_warmup is warmup
+
+
 def test_an_optional_internal_never_makes_a_run_cannot_judge(monkeypatch):
     from harness.production import vllm_compat
 

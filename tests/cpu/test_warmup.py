@@ -27,10 +27,11 @@ def no_jit_cache(monkeypatch):
     restore: each variable is set first, so its absence is restored too. A leaked
     PYTHONPYCACHEPREFIX made every later process of the worker recompile torch into a temporary
     directory, a leaked $HYV4_JIT_CACHE pointed its later commands at it.)"""
-    for var in (*jit_cache.JIT_CACHE_LAYOUT, jit_cache.JIT_CACHE_ENV, "CUDA_CACHE_MAXSIZE", "PYTHONDONTWRITEBYTECODE"):
+    for var in (*jit_cache.JIT_CACHE_LAYOUT, jit_cache.JIT_CACHE_ENV, "CUDA_CACHE_MAXSIZE", "PYTHONDONTWRITEBYTECODE",
+                jit_cache.HUMMING_BG_BUILD_VAR):
         was = os.environ.get(var)
         monkeypatch.setenv(var, was or "")
-        if was is None or var in jit_cache.JIT_CACHE_LAYOUT or var == jit_cache.JIT_CACHE_ENV:
+        if was is None or var in (*jit_cache.JIT_CACHE_LAYOUT, jit_cache.JIT_CACHE_ENV, jit_cache.HUMMING_BG_BUILD_VAR):
             monkeypatch.delenv(var)
     monkeypatch.setattr(sys, "pycache_prefix", sys.pycache_prefix)  # the bytecode switch is per process
     monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
@@ -67,7 +68,8 @@ def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch, 
     monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")
     done = jit_cache.apply_jit_cache(str(tmp_path))
     assert os.environ["TRITON_CACHE_DIR"] == "/mine" and "TRITON_CACHE_DIR" not in done
-    assert set(done) == set(jit_cache.JIT_CACHE_LAYOUT) - {"TRITON_CACHE_DIR"}
+    assert set(done) == set(jit_cache.JIT_CACHE_LAYOUT) - {"TRITON_CACHE_DIR"} | {jit_cache.HUMMING_BG_BUILD_VAR}
+    assert os.environ[jit_cache.HUMMING_BG_BUILD_VAR] == "1"  # humming's background builds off
     assert all(os.environ[v] == str(tmp_path / sub) for v, sub in jit_cache.JIT_CACHE_LAYOUT.items()
                if v != "TRITON_CACHE_DIR")
     assert os.environ[jit_cache.JIT_CACHE_ENV] == str(tmp_path)
@@ -75,6 +77,32 @@ def test_cache_root_points_every_layer_and_the_user_wins(tmp_path, monkeypatch, 
     assert "PYTHONDONTWRITEBYTECODE" not in os.environ
     import importlib.metadata
     assert importlib.metadata.packages_distributions._hyv4_memo_of is not None  # the package-map layer
+
+
+def test_humming_background_builds_follow_the_switch_and_the_user_wins(tmp_path, monkeypatch, no_jit_cache):
+    """The installed humming starts each background build (a Python subprocess per import) only
+    while ``HUMMING_DISABLE_PARALLEL_BUILD`` is not "1", and builds what is missing on first use
+    either way: read from its sources (importing it costs a torch import). A value the user set
+    is kept."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("humming")
+    if spec is None:
+        pytest.skip("humming is not installed here")
+    pkg = os.path.dirname(spec.origin)
+    bg = {}
+    for rel in ("ops/utils.py", "utils/nvrtc.py"):
+        with open(os.path.join(pkg, rel)) as f:
+            text = f.read()
+        for name, body in re.findall(r"^def (\w+_in_bg)\(\):\n((?:    .*\n|\n)+)", text, re.M):
+            bg[name] = body
+            assert body.lstrip().startswith(f'if os.getenv("{jit_cache.HUMMING_BG_BUILD_VAR}", "0") == "1":'), name
+            assert "return None" in body.split("\n")[1], name  # the switch returns before the spawn
+    assert len(bg) == 2, f"humming's background builds: {sorted(bg)}"
+    monkeypatch.setenv(jit_cache.HUMMING_BG_BUILD_VAR, "0")
+    done = jit_cache.apply_jit_cache(str(tmp_path))
+    assert jit_cache.HUMMING_BG_BUILD_VAR not in done and os.environ[jit_cache.HUMMING_BG_BUILD_VAR] == "0"
 
 
 def test_package_map_layer_answers_as_importlib_and_follows_installs(tmp_path, monkeypatch, no_jit_cache):

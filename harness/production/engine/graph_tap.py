@@ -391,7 +391,9 @@ def compilation_facts(vllm_config) -> dict:
         return getattr(x, "name", None) or (None if x is None else str(x))
 
     sizes = getattr(cc, "cudagraph_capture_sizes", None)
+    kc = getattr(vllm_config, "kernel_config", None)
     return {"enforce_eager": bool(getattr(mc, "enforce_eager", False)),
+            "jit_warmup": getattr(kc, "enable_jit_warmup", None),  # vLLM's start-up JIT warmup (engine_env)
             "compile_mode": name(getattr(cc, "mode", getattr(cc, "level", None))),
             "cudagraph_mode": name(getattr(cc, "cudagraph_mode", None)),
             "cudagraph_capture_sizes": list(sizes) if sizes is not None else None,

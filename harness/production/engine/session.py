@@ -62,7 +62,7 @@ import time
 import torch
 
 from harness.exitcodes import first_line
-from harness.production.engine.engine_env import ENGINE_KV_GIB_ENV
+from harness.production.engine.engine_env import ENGINE_KV_GIB_ENV, JIT_WARMUP_ENV
 from harness.case_specs import EngineCase
 from harness.production.module import audit, build
 from harness.production.module.checkpoint_cast import cast_for_vllm
@@ -85,6 +85,8 @@ def engine_kwargs(model_dir: str, case: EngineCase) -> dict:
     # five other workers hold their models; 0.1 (14 GiB) still covers weights + 4 GiB KV
     util = min(case.gpu_memory_utilization, 0.1) if gib else case.gpu_memory_utilization
     from harness.production import vllm_compat
+    if os.environ.get(JIT_WARMUP_ENV, "").strip() == "0" and vllm_compat.available("kernel_config.enable_jit_warmup"):
+        kw["kernel_config"] = {"enable_jit_warmup": False}  # compiled on first call (engine_env.JIT_WARMUP_ENV)
     if vllm_compat.available("metrics.per_request_spec_decode"):
         # vLLM's own per-request accepted/drafted counts, recorded beside the harness's (spec_counts)
         kw["per_request_spec_decode_metrics"] = "detailed"

@@ -176,7 +176,8 @@ def replay_reference(case: GpuCase, hf: dict, cfg: R.MTPConfig, weights: dict, p
     ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev, kv_cache_dtype=kv)
     # production numerics: bf16 storage, twice-rounded RMSNorm, bf16 RoPE tables and, for FP8
     # cases, the activation quantization of the FP8 GEMMs (fp8_numerics.production_numerics)
-    prod_weights, prod_num = production_numerics(case, weights)
+    # (bf16: the same weights, already moved; FP8: re-quantized from the CPU ones)
+    prod_weights, prod_num = production_numerics(case, wdev if case.quant == "bf16" else weights)
     # (the FP8 emulation's numerics are CPU-tested only: FP8 cases replay them on the CPU)
     ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num, device=dev if case.quant == "bf16" else "cpu",
                    kv_cache_dtype=kv)
