@@ -19,6 +19,8 @@ JIT_CACHE_LAYOUT = {
     "HUMMING_CACHE_DIR": "humming",            # humming (imported by vLLM's FP8 linear kernels): its launcher
                                                # and nvrtc helper, built in the background at import
     "TVM_FFI_CACHE_DIR": "tvm-ffi",            # tvm-ffi's JIT extensions (FlashInfer's and others' FFI)
+    "TRTLLM_DG_CACHE_DIR": "trtllm-deep-gemm",  # FlashInfer's TensorRT-LLM DeepGEMM JIT (its FP8 block-scale
+                                               # GEMMs, nvcc): its default is ~/.tensorrt_llm, outside the root
     "CUTE_DSL_CACHE_DIR": "cute-dsl",          # CUTLASS DSL (CuTe) kernels (vLLM's router GEMMs); its default
                                                # is a folder under /tmp, outside the root and its packing
     "PYTHONPYCACHEPREFIX": "pycache",          # Python bytecode of torch / vLLM / FlashInfer (below)
@@ -275,6 +277,10 @@ def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[in
             name = parts[parts.index("cached_ops") + 1]
         elif layer == "deep_gemm" and "cache" in parts and len(parts) > parts.index("cache") + 1:
             name = parts[parts.index("cache") + 1].split(".")[0]
+        elif layer == "trtllm-deep-gemm":  # cache/NAME/kernel.cubin; tmp/ holds a build's sources meanwhile
+            if parts[1:2] != ["cache"] or len(parts) < 4:
+                continue
+            name = parts[2]
         else:
             name = parts[-1]
         built.setdefault(layer, set()).add(name)

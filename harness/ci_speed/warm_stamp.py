@@ -14,9 +14,18 @@ from . import jit_pack
 STAMP = jit_pack.STAMP  # packed and restored with the layers it vouches for
 
 
+def _layers() -> list[str]:
+    """The cache root's layers: a step warmed before a layer was added left that layer's kernels
+    outside the root (the library's default folder), so it is not warm for this layout."""
+    from .jit_cache import JIT_CACHE_LAYOUT
+
+    return sorted(JIT_CACHE_LAYOUT.values())
+
+
 def fingerprint(case) -> str:
-    """A case's definition (a GpuCase or EngineCase dataclass), hashed: its shapes are what was compiled."""
-    blob = json.dumps(dataclasses.asdict(case), sort_keys=True, default=str)
+    """A case's definition (a GpuCase or EngineCase dataclass) and the root's layers, hashed: its
+    shapes are what was compiled, the layers where it went."""
+    blob = json.dumps([dataclasses.asdict(case), _layers()], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -67,4 +76,4 @@ def mutants_fingerprint() -> str:
     from ..components import REGISTRY
 
     names = sorted(n for c in REGISTRY for n in (*c.mutants, *c.golden_mutants))
-    return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([names, _layers()]).encode()).hexdigest()[:16]

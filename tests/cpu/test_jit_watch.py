@@ -46,11 +46,15 @@ def test_new_kernels_are_named_by_library_and_the_rest_is_not_a_compilation(tmp_
     _write(tmp_path, "flashinfer/.cache/flashinfer/0.7.4/90a/cached_ops/sampling/sampling.so")
     _write(tmp_path, "deep_gemm/cache/sm90_fp8_paged_mqa_logits.b823/kernel.cubin")
     _write(tmp_path, "cuda/ComputeCache/index", b"yy")
+    # FlashInfer's TensorRT-LLM DeepGEMM (nvcc): named by its cache folder; its build's sources are none
+    _write(tmp_path, "trtllm-deep-gemm/tmp/gemm_swapAB_896_256_128_16_128_1_81_8_1_Normal_17_42/kernel.cu")
+    _write(tmp_path, "trtllm-deep-gemm/cache/gemm_swapAB_896_256_128_16_128_1_81_8_1_Normal/kernel.cubin")
     # Triton's C launcher of a kernel signature (gcc): a compilation, named by its cache folder
     _write(tmp_path, "triton/MEHIU4XHH3HFWHAZDPNPYQ4MVL33/__triton_launcher.cpython-312-x86_64-linux-gnu.so")
     built = jit_cache.compiled_since(before, jit_cache.snapshot(str(tmp_path)))
     assert built == {"cuda": ["index"], "deep_gemm": ["sm90_fp8_paged_mqa_logits"], "flashinfer": ["sampling"],
-                     "triton": ["_shift_input_ids_kernel", "fused_moe_kernel", "launcher MEHIU4XHH3HF"]}
+                     "triton": ["_shift_input_ids_kernel", "fused_moe_kernel", "launcher MEHIU4XHH3HF"],
+                     "trtllm-deep-gemm": ["gemm_swapAB_896_256_128_16_128_1_81_8_1_Normal"]}
     line = jit_cache.compiled_line(str(tmp_path), built)
     assert line.startswith("JIT: compiled under ")
     assert "triton 3: _shift_input_ids_kernel, fused_moe_kernel, launcher" in line

@@ -354,6 +354,10 @@ def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
     assert cold_steps(wanted, stamp, {**h200, "vllm": "0.34.0"}) == wanted  # another vLLM: all cold
     changed = {**wanted, "tiny-k1": fingerprint(dataclasses.replace(a, tokens=a.tokens + 1))}
     assert cold_steps(changed, stamp, h200) == changed  # a case with other shapes: cold again
+    from harness.ci_speed import jit_cache
+    with pytest.MonkeyPatch.context() as mp:  # a layer added to the root: what went elsewhere is not warm
+        mp.setitem(jit_cache.JIT_CACHE_LAYOUT, "SOME_NEW_CACHE_DIR", "some-new-layer")
+        assert cold_steps({"tiny-k1": fingerprint(a)}, stamp, h200) == {"tiny-k1": fingerprint(a)}
     write_stamp(str(tmp_path), h200, {"tiny-k3-share": wanted["tiny-k3-share"]})
     assert cold_steps(wanted, read_stamp(str(tmp_path)), h200) == {}  # stamps accumulate
     write_stamp(str(tmp_path), {**h200, "gpu": "NVIDIA B200"}, {"tiny-k1": wanted["tiny-k1"]})
