@@ -21,6 +21,7 @@ JIT_CACHE_LAYOUT = {
     "TVM_FFI_CACHE_DIR": "tvm-ffi",            # tvm-ffi's JIT extensions (FlashInfer's and others' FFI)
     "TRTLLM_DG_CACHE_DIR": "trtllm-deep-gemm",  # FlashInfer's TensorRT-LLM DeepGEMM JIT (its FP8 block-scale
                                                # GEMMs, nvcc): its default is ~/.tensorrt_llm, outside the root
+    "PYTORCH_KERNEL_CACHE_PATH": "torch-kernels",  # torch's jiterator (NVRTC) kernels; default ~/.cache/torch/kernels
     "CUTE_DSL_CACHE_DIR": "cute-dsl",          # CUTLASS DSL (CuTe) kernels (vLLM's router GEMMs); its default
                                                # is a folder under /tmp, outside the root and its packing
     "PYTHONPYCACHEPREFIX": "pycache",          # Python bytecode of torch / vLLM / FlashInfer (below)

@@ -11,14 +11,15 @@ import os
 ENGINE_KV_GIB_ENV = "HYV4_ENGINE_KV_CACHE_GIB"
 SHARED_GPU_KV_GIB = "4"
 
-# "0": the engine is built with vLLM's start-up JIT warmup off (kernel_config.enable_jit_warmup).
-# That warmup compiles every key a registered kernel could dispatch, whichever the run will call:
-# for HY V4 on SM90 the CuTe DSL router GEMM for M = 1..32, which CUTLASS DSL compiles again in
-# every process (cute.compile bypasses its file cache), about 13 CPU-s per engine (250 of a GPU
-# tier's 2282 CPU-s). Off, each kernel is compiled on its first call (vLLM's capture runs each
-# batch shape once before capturing it): the same kernels for the same keys, and vLLM leaves the
-# flag out of its compile hash. The tier sets it for its tests; its warmup step keeps vLLM's
-# default, so that path still runs on every host it warms.
+# "0": the engine is built with vLLM's start-up JIT warmup off (kernel_config.enable_jit_warmup;
+# vLLM already turns it off for eager engines). That warmup compiles every key a registered
+# kernel could dispatch, whichever the run will call: for HY V4 on SM90 the CuTe DSL router GEMM
+# for M = 1..32, which CUTLASS DSL compiles again in every process (cute.compile bypasses its
+# file cache). Measured in a GPU tier's engines: 250 CPU-s of CuTe compilation with it, 60 without.
+# Off, each kernel is compiled on its first call (vLLM's capture runs each batch shape once before
+# capturing it): the same kernels for the same keys, and vLLM leaves the flag out of its compile
+# hash. The tier sets it for its tests; its warmup step keeps vLLM's default, so that path still
+# runs on every host it warms.
 JIT_WARMUP_ENV = "HYV4_ENGINE_JIT_WARMUP"
 
 
