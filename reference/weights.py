@@ -92,9 +92,9 @@ DRAWS = ("stream", "per-tensor")
 
 # A CPU float64 ``randn`` is serial (one thread whatever torch's intra-op count), so the
 # per-tensor draw's thread pool is its only parallelism, and it is the case's critical path. At
-# real dims three expert stacks of ~554 M values make most of the 1.8 G: a pool of 4 takes the
-# draw to about its biggest tensor's time (measured: 37 s on one thread). So the pool is at least
-# this many threads where the host has the cores, also where the process's torch share is 1.
+# real dims three expert stacks of ~554 M values make most of the 1.8 G (37-68 CPU-s on one
+# thread, by host): a pool of 4 takes the draw to about its biggest tensor's time. So the pool is
+# at least this many threads where the process may use the cores, also where its torch share is 1.
 PER_TENSOR_DRAW_THREADS = 4
 
 
@@ -130,7 +130,8 @@ def random_weights(cfg: MTPConfig, seed: int, *, draw: str = "stream", threads: 
     # biggest first, so the long draws start at once; the dict keeps sorted-name order
     order = sorted(items, key=lambda it: -math.prod(it[1]))
     if threads is None:
-        threads = max(torch.get_num_threads(), min(PER_TENSOR_DRAW_THREADS, os.cpu_count() or 1))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = max(torch.get_num_threads(), min(PER_TENSOR_DRAW_THREADS, cores))
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
         drawn = dict(pool.map(one, order))
     return {name: drawn[name] for name, _ in items}

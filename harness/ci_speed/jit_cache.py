@@ -17,7 +17,7 @@ JIT_CACHE_LAYOUT = {
     "TORCHINDUCTOR_CACHE_DIR": "inductor",     # torch inductor
     "CUDA_CACHE_PATH": "cuda",                 # the driver's PTX -> SASS cache
     "HUMMING_CACHE_DIR": "humming",            # humming (imported by vLLM's FP8 linear kernels): its launcher
-                                               # and nvrtc helper, built in the background at import
+                                               # and nvrtc helper where its wheel's precompiled ones do not fit
     "TVM_FFI_CACHE_DIR": "tvm-ffi",            # tvm-ffi's JIT extensions (FlashInfer's and others' FFI)
     "TRTLLM_DG_CACHE_DIR": "trtllm-deep-gemm",  # FlashInfer's TensorRT-LLM DeepGEMM JIT (its FP8 block-scale
                                                # GEMMs, nvcc): its default is ~/.tensorrt_llm, outside the root
