@@ -229,24 +229,63 @@ _NOT_COMPILED_LAYERS = ("pycache", "python-metadata")
 _NOT_COMPILED_SUFFIXES = (".lock", ".log", ".committed", ".ninja_log", ".ninja_deps")
 
 
+# Where each library compiles when its variable is not honoured (its own default folder), laid
+# out as its layer in the root. A kernel written there during a run was compiled outside the root
+# and its packs: FlashInfer's TensorRT-LLM DeepGEMM went on compiling into ~/.tensorrt_llm on every
+# fresh host, with the JIT line saying nothing compiled, until it became a layer. Keys of these
+# files in a ``snapshot`` start with OUTSIDE.
+OUTSIDE = "~"
+# layer -> (its library's default folder, where that folder sits inside the layer)
+LIBRARY_DEFAULTS = {
+    "triton": ("~/.triton/cache", ""),
+    "flashinfer": ("~/.cache/flashinfer", ".cache/flashinfer"),  # its base defaults to the home folder
+    "deep_gemm": ("~/.deep_gemm", ""),
+    "trtllm-deep-gemm": ("~/.tensorrt_llm", ""),
+    "torch-kernels": ("~/.cache/torch/kernels", ""),
+    "cuda": ("~/.nv/ComputeCache", ""),
+}
+
+
+def _library_defaults(root: str) -> list[tuple[str, str]]:
+    """[(default folder, its key prefix ``~LAYER[/inner]``)] for the layers whose variable points
+    into ``root`` (a folder the user chose instead is theirs, not watched) and whose library
+    default is outside it."""
+    import os
+
+    var_of = {sub: var for var, sub in JIT_CACHE_LAYOUT.items()}
+    out = []
+    for sub, (default, inner) in LIBRARY_DEFAULTS.items():
+        var = var_of.get(sub)
+        if var is None or not os.environ.get(var, "").startswith(root + os.sep):
+            continue
+        path = os.path.expanduser(default)
+        if path.startswith("~") or (os.path.abspath(path) + os.sep).startswith(root + os.sep):
+            continue  # no home folder to expand; or the default lies inside the root
+        out.append((os.path.abspath(path), os.path.join(OUTSIDE + sub, inner) if inner else OUTSIDE + sub))
+    return out
+
+
 def snapshot(root: str) -> dict[str, tuple[int, int]]:
     """{path relative to ``root``: (size, mtime_ns)} of the compiled layers' files (cheap: one walk,
-    ~2,400 files on a warmed SM90 host); {} when ``root`` is not a folder."""
+    ~2,400 files on a warmed SM90 host), and of the layers' library default folders outside the
+    root (``LIBRARY_DEFAULTS``, keyed ``~LAYER/...``); {} when ``root`` is not a folder."""
     import os
 
     out = {}
     root = os.path.abspath(os.path.expanduser(root))
-    for var, sub in JIT_CACHE_LAYOUT.items():
-        if sub in _NOT_COMPILED_LAYERS:
-            continue
-        for dirpath, _dirs, files in os.walk(os.path.join(root, sub)):
+    if not os.path.isdir(root):
+        return out
+    folders = [(os.path.join(root, sub), sub) for sub in JIT_CACHE_LAYOUT.values() if sub not in _NOT_COMPILED_LAYERS]
+    folders += _library_defaults(root)
+    for top, key in folders:
+        for dirpath, _dirs, files in os.walk(top):
             for name in files:
                 path = os.path.join(dirpath, name)
                 try:
                     st = os.lstat(path)
                 except OSError:
                     continue
-                out[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+                out[os.path.join(key, os.path.relpath(path, top))] = (st.st_size, st.st_mtime_ns)
     return out
 
 
@@ -264,7 +303,8 @@ def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[in
         if before.get(rel) == stat or rel.endswith(_NOT_COMPILED_SUFFIXES):
             continue
         parts = rel.split(os.sep)
-        layer = parts[0]
+        label = parts[0]  # the layer, or OUTSIDE + the layer for its library's default folder
+        layer = parts[0] = label[len(OUTSIDE):] if label.startswith(OUTSIDE) else label
         if layer == "vllm" and ("modelinfos" in parts or parts[-1].endswith("model-info.json")):
             continue
         if layer == "triton":
@@ -284,17 +324,25 @@ def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[in
             name = parts[2]
         else:
             name = parts[-1]
-        built.setdefault(layer, set()).add(name)
+        built.setdefault(label, set()).add(name)
         if rel not in before:
-            new.setdefault(layer, set()).add(name)
-    return {layer: sorted(n if n in new.get(layer, ()) else f"{n} (rewritten)" for n in names)
-            for layer, names in sorted(built.items())}
+            new.setdefault(label, set()).add(name)
+    return {label: sorted(n if n in new.get(label, ()) else f"{n} (rewritten)" for n in names)
+            for label, names in sorted(built.items())}
 
 
 def compiled_line(root: str, built: dict[str, list[str]]) -> str:
-    """One line: what this run compiled under ``root``, or that it compiled nothing."""
-    if not built:
-        return f"JIT: nothing compiled under {root} during this run (warm)"
-    return (f"JIT: compiled under {root} during this run (a warmup does not cover it): "
-            + "; ".join(f"{layer} {len(names)}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
-                        for layer, names in built.items()))
+    """One line: what this run compiled under ``root`` and in a layer's library default folder
+    outside it (``~LAYER``: what no pack of the root carries), or that it compiled nothing."""
+    def listed(items) -> str:
+        return "; ".join(f"{layer} {len(names)}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                         for layer, names in items)
+
+    inside = [(k, v) for k, v in built.items() if not k.startswith(OUTSIDE)]
+    outside = [(k[len(OUTSIDE):], v) for k, v in built.items() if k.startswith(OUTSIDE)]
+    text = (f"JIT: compiled under {root} during this run (a warmup does not cover it): {listed(inside)}" if inside
+            else f"JIT: nothing compiled under {root} during this run" + ("" if outside else " (warm)"))
+    if outside:
+        text += ("; compiled OUTSIDE it, in the library's default folder (no pack carries it): "
+                 + listed(outside))
+    return text

@@ -90,3 +90,38 @@ def test_the_cli_watches_judged_commands_under_a_cache_root_only(tmp_path, monke
     assert cli._jit_watch(argparse.Namespace(func=cmd_synth)) is None  # compiles nothing: not watched
     monkeypatch.delenv(jit_cache.JIT_CACHE_ENV)
     assert cli._jit_watch(argparse.Namespace(func=cmd_compare)) is None  # no root: nothing to watch
+
+
+def test_a_kernel_compiled_in_a_librarys_default_folder_is_named_as_outside_the_root(tmp_path, monkeypatch):
+    """A library that writes to its own default folder although its variable points into the root
+    (FlashInfer's TensorRT-LLM DeepGEMM in ~/.tensorrt_llm did, on every fresh host) compiled
+    outside the root and every pack of it: the line says so, by layer and name, beside what the
+    root got; a folder the user chose for a layer is theirs and not watched."""
+    home, root = tmp_path / "home", tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for var, sub in jit_cache.JIT_CACHE_LAYOUT.items():
+        monkeypatch.setenv(var, str(root / sub))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))  # the user's choice: not watched
+    _warm_root(root)
+    _write(home, ".tensorrt_llm/cache/gemm_swapAB_896_256_128/kernel.cubin")  # there before: not this run's
+    before = jit_cache.snapshot(str(root))
+    assert "~trtllm-deep-gemm/cache/gemm_swapAB_896_256_128/kernel.cubin" in before
+    _write(home, ".tensorrt_llm/tmp/gemm_swapAB_1024_256_128_7/kernel.cu")
+    _write(home, ".tensorrt_llm/cache/gemm_swapAB_1024_256_128/kernel.cubin")
+    _write(home, ".cache/flashinfer/0.7.4/90a/cached_ops/sampling/sampling.so")
+    _write(home, ".cache/torch/kernels/exp2_kernel_vectorized2_arch9.0_nvrtc13.0_sass")
+    _write(home, ".triton/cache/EEEE/_other_kernel.cubin")  # the default of a layer the user moved
+    _write(root, "triton/DDDD/_cache_inputs_kernel.cubin")
+    built = jit_cache.compiled_since(before, jit_cache.snapshot(str(root)))
+    assert built == {"triton": ["_cache_inputs_kernel"], "~flashinfer": ["sampling"],
+                     "~torch-kernels": ["exp2_kernel_vectorized2_arch9.0_nvrtc13.0_sass"],
+                     "~trtllm-deep-gemm": ["gemm_swapAB_1024_256_128"]}
+    line = jit_cache.compiled_line(str(root), built)
+    assert line.startswith(f"JIT: compiled under {root} during this run (a warmup does not cover it): triton 1:")
+    assert ("compiled OUTSIDE it, in the library's default folder (no pack carries it): flashinfer 1: sampling; "
+            "torch-kernels 1: exp2_kernel") in line and "trtllm-deep-gemm 1: gemm_swapAB_1024_256_128" in line
+    only_outside = {k: v for k, v in built.items() if k.startswith("~")}
+    line = jit_cache.compiled_line(str(root), only_outside)
+    assert line.startswith(f"JIT: nothing compiled under {root} during this run; compiled OUTSIDE it")
+    assert "(warm)" not in line and "\n" not in line
