@@ -304,7 +304,8 @@ def compiled_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[in
             continue
         parts = rel.split(os.sep)
         label = parts[0]  # the layer, or OUTSIDE + the layer for its library's default folder
-        layer = parts[0] = label[len(OUTSIDE):] if label.startswith(OUTSIDE) else label
+        layer = label.removeprefix(OUTSIDE)
+        parts[0] = layer  # the layer's own layout below, wherever its folder is
         if layer == "vllm" and ("modelinfos" in parts or parts[-1].endswith("model-info.json")):
             continue
         if layer == "triton":
@@ -339,7 +340,7 @@ def compiled_line(root: str, built: dict[str, list[str]]) -> str:
                          for layer, names in items)
 
     inside = [(k, v) for k, v in built.items() if not k.startswith(OUTSIDE)]
-    outside = [(k[len(OUTSIDE):], v) for k, v in built.items() if k.startswith(OUTSIDE)]
+    outside = [(k.removeprefix(OUTSIDE), v) for k, v in built.items() if k.startswith(OUTSIDE)]
     text = (f"JIT: compiled under {root} during this run (a warmup does not cover it): {listed(inside)}" if inside
             else f"JIT: nothing compiled under {root} during this run" + ("" if outside else " (warm)"))
     if outside:

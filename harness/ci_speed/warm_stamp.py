@@ -10,6 +10,7 @@ import json
 import os
 
 from . import jit_pack
+from .jit_cache import JIT_CACHE_LAYOUT
 
 STAMP = jit_pack.STAMP  # packed and restored with the layers it vouches for
 
@@ -17,8 +18,6 @@ STAMP = jit_pack.STAMP  # packed and restored with the layers it vouches for
 def _layers() -> list[str]:
     """The cache root's layers: a step warmed before a layer was added left that layer's kernels
     outside the root (the library's default folder), so it is not warm for this layout."""
-    from .jit_cache import JIT_CACHE_LAYOUT
-
     return sorted(JIT_CACHE_LAYOUT.values())
 
 

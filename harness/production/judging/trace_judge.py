@@ -176,10 +176,11 @@ def replay_reference(case: GpuCase, hf: dict, cfg: R.MTPConfig, weights: dict, p
     ref = replay(cfg, wdev, prod, first, case.steps, R.EXACT, device=dev, kv_cache_dtype=kv)
     # production numerics: bf16 storage, twice-rounded RMSNorm, bf16 RoPE tables and, for FP8
     # cases, the activation quantization of the FP8 GEMMs (fp8_numerics.production_numerics)
-    # (bf16: the same weights, already moved; FP8: re-quantized from the CPU ones)
-    prod_weights, prod_num = production_numerics(case, wdev if case.quant == "bf16" else weights)
-    # (the FP8 emulation's numerics are CPU-tested only: FP8 cases replay them on the CPU)
-    ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num, device=dev if case.quant == "bf16" else "cpu",
+    # (the FP8 emulation's numerics are CPU-tested only: FP8 cases replay them on the CPU, from
+    # weights re-quantized from the CPU ones; bf16 cases replay the weights already moved)
+    on_dev = case.quant == "bf16"
+    prod_weights, prod_num = production_numerics(case, wdev if on_dev else weights)
+    ref_p = replay(cfg, prod_weights, prod, first, case.steps, prod_num, device=dev if on_dev else "cpu",
                    kv_cache_dtype=kv)
     free, regime_values = regimes.measure_draft(cfg, weights, first, case.steps, hf, kv_cache_dtype=kv)
     if isinstance(free, R.UnwrittenKVError):  # reference cycles MTP layers: layer k>0 has no KV context
