@@ -15,10 +15,17 @@ from .jit_cache import JIT_CACHE_LAYOUT
 STAMP = jit_pack.STAMP  # packed and restored with the layers it vouches for
 
 
+# What a warmed step leaves in the root besides what its run compiled, by name: a step warmed
+# before one was added lacks it, so it is not warm. "triton-launchers": the C launchers of the
+# Triton kernels it compiled without launching (triton_launchers.build_pending_launchers).
+STEP_LEAVES = ["triton-launchers"]
+
+
 def _layers() -> list[str]:
-    """The cache root's layers: a step warmed before a layer was added left that layer's kernels
-    outside the root (the library's default folder), so it is not warm for this layout."""
-    return sorted(JIT_CACHE_LAYOUT.values())
+    """The cache root's layers and what a step leaves there (``STEP_LEAVES``): a step warmed
+    before a layer was added left that layer's kernels outside the root (the library's default
+    folder), so it is not warm for this layout."""
+    return sorted(JIT_CACHE_LAYOUT.values()) + STEP_LEAVES
 
 
 def fingerprint(case) -> str:

@@ -15,7 +15,10 @@ GPU tier's module-level cases use (a reload case runs whole: its production side
 in-place weight reload, which no plain load runs), and builds the engines (``_default_engines``: the eager
 engine case, every engine case of ``bisect-check`` -- its two-MTP-layer case runs vLLM's
 multi-module speculator and its Triton kernels -- and every CUDA-graph engine case, whose capture
-and graph-mode kernels an eager engine never builds) and generates with each.
+and graph-mode kernels an eager engine never builds) and generates with each. Each step ends by
+building the C launchers of the Triton kernels it compiled without launching them (vLLM's start-up
+JIT warmup compiles its Triton kernels that way; ``triton_launchers``), which a later run on
+other paths (a planted bug's, say) would otherwise build.
 
 The caches land where each library keeps them, or under one root with ``--cache DIR``
 / ``$HYV4_JIT_CACHE`` (``harness.ci_speed.jit_cache.JIT_CACHE_LAYOUT``: vLLM, Triton, FlashInfer,
@@ -64,6 +67,7 @@ from ..exitcodes import EXIT_CANNOT_JUDGE, EXIT_OK, CannotJudge, CLIError
 from ..production import can_run  # cannot_run_production_reason looked up at call time (tests patch it)
 from . import jit_cache, jit_pack
 from .kernel_prefetch import PREFETCH, plan_prefetch
+from .triton_launchers import build_pending_launchers
 from .warm_stamp import cold_steps, fingerprint, mutants_fingerprint, mutants_wanted, read_stamp, write_stamp
 from .jit_cache import JIT_CACHE_ENV, apply_jit_cache
 
@@ -481,8 +485,9 @@ def _in_this_process(rep: dict, cases: list[str], todo: dict, args, root, log) -
             fn()
         except Exception as exc:  # reported with its name, exit 125
             raise CannotJudge(f"warmup {name}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}") from exc
+        launchers = build_pending_launchers()  # what vLLM's JIT warmup compiled but did not launch
         dt = time.perf_counter() - t0
-        rep["steps"].append({"name": name, "seconds": round(dt, 2)})
+        rep["steps"].append({"name": name, "seconds": round(dt, 2), "launchers": launchers})
         log(f"warmup {name}: {dt:.1f} s", flush=True)
         if root:  # stamped as it goes: a later failure keeps what was warmed
             write_stamp(root, rep["versions"], {name: todo[name]})

@@ -358,6 +358,10 @@ def test_the_stamp_skips_only_what_was_warmed_for_these_versions(tmp_path):
     with pytest.MonkeyPatch.context() as mp:  # a layer added to the root: what went elsewhere is not warm
         mp.setitem(jit_cache.JIT_CACHE_LAYOUT, "SOME_NEW_CACHE_DIR", "some-new-layer")
         assert cold_steps({"tiny-k1": fingerprint(a)}, stamp, h200) == {"tiny-k1": fingerprint(a)}
+    from harness.ci_speed import warm_stamp
+    with pytest.MonkeyPatch.context() as mp:  # a step now leaves more in the root: warmed before, it is cold
+        mp.setattr(warm_stamp, "STEP_LEAVES", [*warm_stamp.STEP_LEAVES, "something-new"])
+        assert cold_steps({"tiny-k1": fingerprint(a)}, stamp, h200) == {"tiny-k1": fingerprint(a)}
     write_stamp(str(tmp_path), h200, {"tiny-k3-share": wanted["tiny-k3-share"]})
     assert cold_steps(wanted, read_stamp(str(tmp_path)), h200) == {}  # stamps accumulate
     write_stamp(str(tmp_path), {**h200, "gpu": "NVIDIA B200"}, {"tiny-k1": wanted["tiny-k1"]})
@@ -833,6 +837,57 @@ def test_the_planted_bugs_are_warmed_in_a_lane_of_their_own_and_stamped(monkeypa
                             "/nonexistent-root", lambda *a, **k: None)
     assert ran == [1] and [s["name"] for s in rep["steps"]] == [warmup.MUTANTS_STEP]
     assert stamped == [{warmup.MUTANTS_STEP: fp}] and rep["mutants"] == {"ran": 2, "raised": []}
+
+
+def test_a_step_builds_the_launchers_of_the_triton_kernels_it_compiled_without_launching(monkeypatch):
+    """vLLM's JIT warmup compiles Triton kernels with ``kernel.warmup()``, which builds no C
+    launcher (Triton builds it at the first launch). A warmed step initialises each compiled,
+    never-launched kernel of the process's JITFunctions as that launch would, leaves a launched one
+    alone, and counts (does not raise) one Triton refuses to load; the step's record says so."""
+    triton = pytest.importorskip("triton")
+    import argparse
+    import inspect
+
+    from triton.compiler.compiler import CompiledKernel
+
+    from harness.ci_speed import triton_launchers, warmup
+    from harness.mutants import driver
+
+    # the installed Triton's contract the warmup relies on: `_run` is None until the `run`
+    # property's lazy initialisation builds the launcher
+    assert "self._run = None" in inspect.getsource(CompiledKernel.__init__)
+    assert "self._run = driver.active.launcher_cls(" in inspect.getsource(CompiledKernel._init_handles)
+    assert isinstance(inspect.getattr_static(CompiledKernel, "run"), property)
+
+    class Compiled:  # what the warmup touches of a CompiledKernel: `_run` and the `run` property
+        def __init__(self, launched=False, refused=False):
+            self._run, self.refused, self.inits = ("launcher" if launched else None), refused, 0
+
+        @property
+        def run(self):
+            if self._run is None:
+                self.inits += 1
+                if self.refused:
+                    raise RuntimeError("out of resources: shared memory, required: 300000, hardware limit: 232448")
+                self._run = "launcher"
+            return self._run
+
+    @triton.jit
+    def scale(x_ptr, n):
+        pass
+
+    pending, launched, refused = Compiled(), Compiled(launched=True), Compiled(refused=True)
+    caches = {0: ({"a": pending, "b": launched, "c": refused}, {}, None, None, None)}
+    monkeypatch.setattr(scale, "device_caches", caches, raising=False)
+    monkeypatch.setattr(driver, "warm_catalogue", lambda: {"ran": 0, "raised": []})
+    monkeypatch.setattr(warmup, "write_stamp", lambda root, versions, warmed: None)
+    rep = {"steps": [], "versions": {}}
+    warmup._in_this_process(rep, [], {warmup.MUTANTS_STEP: "fp"}, argparse.Namespace(engine=None, no_engine=True),
+                            "/nonexistent-root", lambda *a, **k: None)
+    assert rep["steps"][0]["launchers"]["kernels"] >= 1 and rep["steps"][0]["launchers"]["refused"] >= 1
+    assert (pending.inits, pending._run, launched.inits, refused.inits) == (1, "launcher", 0, 1)
+    assert triton_launchers.build_pending_launchers() == {"kernels": 0, "refused": 1}  # initialised once
+    assert refused.inits == 2  # a refused one stays pending: Triton raises it again at a launch
 
 
 def test_warming_the_planted_bugs_never_judges_and_never_raises(monkeypatch):
