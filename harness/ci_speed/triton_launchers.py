@@ -25,7 +25,9 @@ def _jit_functions():
     jit_function = getattr(sys.modules["triton.runtime.jit"], "JITFunction", None)
     if jit_function is None:
         return []
-    return [obj for obj in gc.get_objects() if isinstance(obj, jit_function)]
+    # type(), not isinstance(): isinstance reads an object's __class__, which some deprecated
+    # torch objects answer with a warning
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), jit_function)]
 
 
 def _compiled_kernels(fn):
