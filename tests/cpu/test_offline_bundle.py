@@ -513,6 +513,20 @@ def test_a_delta_installs_over_its_base_and_both_envs_stay_usable(parts, delta_p
     assert r.returncode == 0 and r.stdout.split() == ["0.0.fake", "1.0"], r.stdout + r.stderr
 
 
+def test_a_delta_installs_over_a_base_put_only_in_the_store(parts, delta_parts, tmp_path, _store):
+    """A host that runs only the delta: ``--store-only`` unpacks the base's bundle into the store
+    and builds no environment; the delta then installs over it as over an installed base."""
+    base_env, delta_env = tmp_path / "vllm-0.0.fake", tmp_path / "vllm-0.0.fake2"
+    r = _sh(TOOLS / "install.sh", "--store-only", parts, env={"PYTHON": sys.executable})
+    assert r.returncode == 0 and "no environment: --store-only" in r.stdout, r.stdout + r.stderr
+    assert sorted(p.name for p in _store.iterdir()) == ["0.0.fake"] and not base_env.exists()
+    r = _install(delta_parts, delta_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run_in(delta_env, "import hyv4_fake_dep, hyv4_fake_other, vllm; print(vllm.__version__, hyv4_fake_dep.VALUE)")
+    assert r.returncode == 0 and r.stdout.split() == ["0.0.fake2", "2.0"], r.stdout + r.stderr
+    _refusal(_sh(TOOLS / "install.sh", "--store-only", parts, base_env), "usage: install.sh --store-only PARTS_DIR")
+
+
 def test_pins_lay_a_release_list_over_the_base_and_a_delta_ships_the_difference(tmp_path):
     tools = tmp_path / "tools"
     tools.mkdir()

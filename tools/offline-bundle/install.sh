@@ -5,13 +5,17 @@
 #
 #   tools/offline-bundle/install.sh PARTS_DIR [ENV_DIR]   # ENV_DIR default /tmp/vllm-VERSION
 #   PATH=ENV_DIR/bin:$PATH python3 -m pytest -m gpu       # no PYTHONPATH
+#   tools/offline-bundle/install.sh --store-only PARTS_DIR  # verified and unpacked into the store only
 #
 # The bundle is kept unpacked in the store, STORE/VERSION
 # (HYV4_BUNDLE_STORE, default /tmp/hyv4-bundle): a delta bundle (MANIFEST
 # `base=V`) installs the wheels it lacks from STORE/V, so V's bundle is
 # installed first. Refuses (one line, exit 1) before unpacking anything when a
 # delta's base is not in the store, or a part is missing, corrupt or not
-# listed in SHA256SUMS. PYTHON picks the interpreter (python3).
+# listed in SHA256SUMS. PYTHON picks the interpreter (python3). --store-only stops once the
+# bundle is in the store: a delta's base on a host that runs only the delta needs no environment
+# of its own (about 35 s of a bare host's first verdict), and a packed JIT cache beside the
+# parts is then left alone.
 #
 # Parts with a packed JIT cache beside them (PARTS_DIR/jit-cache/, make-bundle.sh
 # --jit-cache) have it checked with the parts (a corrupt part is refused before
@@ -26,17 +30,19 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 die() { echo "offline-bundle: $*" >&2; exit 1; }
-[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: install.sh PARTS_DIR [ENV_DIR]"
+store_only=
+[ "${1:-}" = --store-only ] && { store_only=1; shift; [ $# -eq 1 ] || die "usage: install.sh --store-only PARTS_DIR"; }
+[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: install.sh [--store-only] PARTS_DIR [ENV_DIR]"
 dir=$1 env_dir=${2:-}
 store=${HYV4_BUNDLE_STORE:-/tmp/hyv4-bundle}
 field() { [ -f "$1" ] && sed -n "s/^$2=//p" "$1" | head -n 1; }   # MANIFEST KEY -> value
 
 base=$(field "$dir/MANIFEST" base)
 if [ -n "$base" ] && [ "$(field "$store/$base/MANIFEST" vllm)" != "$base" ]; then
-  die "$dir holds a delta over the vLLM $base bundle, which is not in $store/$base: install the $base bundle first"
+  die "$dir holds a delta over the vLLM $base bundle, which is not in $store/$base: install the $base bundle first (install.sh --store-only ITS_PARTS where only the delta is wanted)"
 fi
 jit=
-if [ -d "$dir/jit-cache" ]; then
+if [ -d "$dir/jit-cache" ] && [ -z "$store_only" ]; then
   jit=$dir/jit-cache
   msg=$("$HERE/verify.sh" "$jit" 2>&1 >/dev/null) || die "$jit: ${msg#offline-bundle: }"
 fi
@@ -49,6 +55,10 @@ version=${version:-unversioned}   # a bundle from before MANIFEST
 [[ $version =~ ^[0-9A-Za-z][0-9A-Za-z.+_-]*$ ]] || die "bundle/MANIFEST names no usable vLLM version: '$version'"
 rm -rf "${store:?}/$version" && mv "$work/bundle" "$store/$version" || die "cannot move the bundle to $store/$version"
 t_unpacked=$SECONDS
+if [ -n "$store_only" ]; then
+  echo "offline-bundle: $SECONDS s: the vLLM $version bundle is in $store/$version (no environment: --store-only)"
+  exit 0
+fi
 # The project's copy, not the one in the parts: the same steps, kept current.
 env_dir=${env_dir:-/tmp/vllm-$version}
 root=${HYV4_JIT_CACHE:-/tmp/jit-$version}
