@@ -884,7 +884,7 @@ def test_a_step_builds_the_launchers_of_the_triton_kernels_it_compiled_without_l
     rep = {"steps": [], "versions": {}}
     warmup._in_this_process(rep, [], {warmup.MUTANTS_STEP: "fp"}, argparse.Namespace(engine=None, no_engine=True),
                             "/nonexistent-root", lambda *a, **k: None)
-    assert rep["steps"][0]["launchers"]["kernels"] >= 1 and rep["steps"][0]["launchers"]["refused"] >= 1
+    assert rep["steps"][0]["launchers"] == {"kernels": 1, "refused": 1}  # no other kernel compiled on a CPU
     assert (pending.inits, pending._run, launched.inits, refused.inits) == (1, "launcher", 0, 1)
     assert triton_launchers.build_pending_launchers() == {"kernels": 0, "refused": 1}  # initialised once
     assert refused.inits == 2  # a refused one stays pending: Triton raises it again at a launch
